@@ -1,0 +1,220 @@
+"""Chat: history, prompt building, streaming replies, saving and loading histories.
+
+A history is `{'internal': [[user, bot], ...], 'visible': [[user, bot], ...]}`: `internal` is what
+the model sees (images as `<img>` tags), `visible` what the UI shows (HTML-escaped text plus the
+image tags extensions add). Prompts come from the tokenizer's chat template, with a plain fallback;
+the oldest turns are dropped until the prompt fits `get_max_prompt_length(state)`.
+"""
+from __future__ import annotations
+
+import copy
+import html
+import json
+import os
+import re
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+from modules import shared
+from modules.extensions import apply_extensions
+from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length
+
+HISTORY_DIR = shared.ROOT / "logs" / "chat"
+FALLBACK_USER, FALLBACK_BOT = "User:", "Assistant:"
+
+
+class ChatHistoryError(ValueError):
+    """A history file that cannot be read or does not hold a chat history."""
+
+
+def new_history() -> dict:
+    return {"internal": [], "visible": []}
+
+
+def build_messages(history: list[list[str]], user_input: str | None, state: dict) -> list[dict]:
+    messages = []
+    if state.get("system_message"):
+        messages.append({"role": "system", "content": state["system_message"]})
+    for user, bot in history:
+        messages.append({"role": "user", "content": user})
+        messages.append({"role": "assistant", "content": bot})
+    if user_input is not None:
+        messages.append({"role": "user", "content": user_input})
+    return messages
+
+
+def render_messages(messages: list[dict], continue_last: bool = False) -> str:
+    tokenizer = shared.tokenizer
+    if getattr(tokenizer, "chat_template", None):
+        if continue_last:
+            return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return render_plain(messages, continue_last)
+
+
+def render_plain(messages: list[dict], continue_last: bool) -> str:
+    """For tokenizers without a chat template."""
+    names = {"user": FALLBACK_USER, "assistant": FALLBACK_BOT}
+    lines = [m["content"] if m["role"] == "system" else f"{names[m['role']]} {m['content']}" for m in messages]
+    prompt = "\n".join(lines)
+    return prompt if continue_last else f"{prompt}\n{FALLBACK_BOT}"
+
+
+def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
+    """The prompt for `user_input` after `kwargs['history']`, dropping the oldest turns until it fits."""
+    history = kwargs.get("history", state["history"])["internal"]
+    _continue = kwargs.get("_continue", False)
+    turns = [list(t) for t in history]
+    max_length = get_max_prompt_length(state)
+    while True:
+        if _continue:
+            messages = build_messages(turns, None, state)
+        else:
+            messages = build_messages(turns, user_input, state)
+        prompt = render_messages(messages, continue_last=_continue)
+        # Keep at least the turn being answered; the tokenizer hook truncates what still does not fit.
+        if len(turns) <= (1 if _continue else 0) or get_encoded_length(prompt) <= max_length:
+            return prompt
+        turns.pop(0)
+
+
+def get_stopping_strings(state: dict) -> list[str]:
+    if getattr(shared.tokenizer, "chat_template", None):
+        return []
+    return [f"\n{FALLBACK_USER}"]
+
+
+def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue: bool = False,
+                    loading_message: bool = True, for_ui: bool = False) -> Iterator[dict]:
+    output = apply_extensions("history", copy.deepcopy(state["history"]))
+    state = apply_extensions("state", state)
+    if not (regenerate or _continue):
+        visible_text = html.escape(text)
+        text, visible_text = apply_extensions("chat_input", text, visible_text, state)
+        text = apply_extensions("input", text, state, is_chat=True)
+        output["internal"].append([text, ""])
+        output["visible"].append([visible_text, ""])
+        if loading_message:
+            yield {"visible": output["visible"][:-1] + [[visible_text, shared.processing_message]],
+                   "internal": output["internal"]}
+    else:
+        text, visible_text = output["internal"][-1][0], output["visible"][-1][0]
+        if regenerate:
+            output["internal"][-1][1] = output["visible"][-1][1] = ""
+            if loading_message:
+                yield {"visible": output["visible"][:-1] + [[visible_text, shared.processing_message]],
+                       "internal": output["internal"]}
+    last_reply = [output["internal"][-1][1], output["visible"][-1][1]] if _continue else ["", ""]
+    prompt_history = output if _continue else {k: v[:-1] for k, v in output.items()}
+    kwargs = {"_continue": _continue, "history": prompt_history}
+    prompt = apply_extensions("custom_generate_chat_prompt", text, state, **kwargs)
+    if prompt is None:
+        prompt = generate_chat_prompt(text, state, **kwargs)
+    for reply in generate_reply(prompt, state, stopping_strings=get_stopping_strings(state), is_chat=True,
+                                for_ui=for_ui):
+        reply = reply.lstrip(" ") if not _continue else reply
+        output["internal"][-1] = [text, last_reply[0] + reply]
+        output["visible"][-1] = [visible_text, last_reply[1] + html.escape(reply)]
+        if shared.stop_everything:
+            break
+        if state.get("stream", True):
+            yield output
+    output["visible"][-1][1] = apply_extensions("output", output["visible"][-1][1], state, is_chat=True)
+    yield output
+
+
+def generate_chat_reply(text: str, state: dict, regenerate: bool = False, _continue: bool = False,
+                        loading_message: bool = True, for_ui: bool = False) -> Iterator[dict]:
+    history = state["history"]
+    if regenerate or _continue:
+        text = ""
+        if len(history["internal"]) == 0:
+            yield history
+            return
+    yield from chatbot_wrapper(text, state, regenerate=regenerate, _continue=_continue,
+                               loading_message=loading_message, for_ui=for_ui)
+
+
+def remove_last_message(history: dict) -> tuple[str, dict]:
+    """Drops the last turn; returns its user text (internal form) and the new history."""
+    history = copy.deepcopy(history)
+    if not history["internal"]:
+        return "", history
+    last = history["internal"].pop()
+    history["visible"].pop()
+    return last[0], history
+
+
+# -- Saving and loading ---------------------------------------------------------------------
+
+SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def history_path(name: str) -> Path:
+    cleaned = SAFE_NAME.sub("_", name).strip("._") or "history"
+    return HISTORY_DIR / f"{cleaned}.json"
+
+
+def new_history_name() -> str:
+    return datetime.now().strftime("%Y%m%d-%H-%M-%S")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: a crash leaves the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_history(history: dict, name: str) -> Path:
+    validate_history(history, "history to save")
+    path = history_path(name)
+    atomic_write_text(path, json.dumps(history, ensure_ascii=False, indent=2))
+    return path
+
+
+def validate_history(history, source: str) -> dict:
+    if not isinstance(history, dict) or set(history) < {"internal", "visible"}:
+        raise ChatHistoryError(f"{source}: expected a JSON object with 'internal' and 'visible' lists")
+    for key in ("internal", "visible"):
+        turns = history[key]
+        if not isinstance(turns, list) or not all(
+                isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in turns):
+            raise ChatHistoryError(f"{source}: '{key}' must be a list of [user, bot] string pairs")
+    if len(history["internal"]) != len(history["visible"]):
+        raise ChatHistoryError(f"{source}: 'internal' has {len(history['internal'])} turns but "
+                               f"'visible' has {len(history['visible'])}")
+    return {"internal": history["internal"], "visible": history["visible"]}
+
+
+def parse_history(text: str, source: str) -> dict:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ChatHistoryError(f"{source} is not valid JSON ({error}); the file was left as it is") from error
+    return validate_history(data, source)
+
+
+def load_history(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ChatHistoryError(f"Cannot read {path}: {error}") from error
+    return parse_history(text, str(path))
+
+
+def list_saved_histories() -> list[str]:
+    if not HISTORY_DIR.exists():
+        return []
+    return sorted((p.stem for p in HISTORY_DIR.glob("*.json")), reverse=True)

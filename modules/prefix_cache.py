@@ -1,0 +1,95 @@
+"""Prefix KV reuse: keep the last generation's KV cache and prefill only what is new.
+
+After each generation we keep the KV cache together with the input embeddings of every token it
+holds (prompt rows as given, generated tokens through the input embedding). The next request's
+input embeddings are compared row by row with them; the cache is cropped to the longest identical
+prefix and `generate` prefills only the rest. Comparing embeddings rather than ids means two
+different images (same placeholder ids) can never match. Off when the cache cannot be cropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from modules import shared
+from modules.logging_colors import logger
+
+
+@dataclass
+class CachedPrefix:
+    model: object  # the model the cache belongs to
+    embeds: torch.Tensor  # (tokens, hidden): the rows whose keys/values `cache` holds
+    cache: DynamicCache
+
+
+_last: CachedPrefix | None = None
+stats = {"reused_tokens": 0, "prefilled_tokens": 0}
+
+
+def clear() -> None:
+    global _last
+    _last = None
+
+
+def embed_ids(ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return shared.model.get_input_embeddings()(ids)
+
+
+def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Number of leading rows equal in `a` (n, hidden) and `b` (m, hidden)."""
+    n = min(a.shape[0], b.shape[0])
+    if n == 0:
+        return 0
+    same = (a[:n] == b[:n].to(a.device, a.dtype)).all(dim=-1)
+    mismatch = (~same).nonzero()
+    return n if mismatch.numel() == 0 else int(mismatch[0, 0])
+
+
+def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
+    """The kept cache cropped to the longest prefix shared with `prompt_embeds` (n, hidden), or None."""
+    global _last
+    if _last is None or _last.model is not shared.model:
+        return None
+    cached_len = _last.cache.get_seq_length()
+    usable = min(common_prefix_length(prompt_embeds, _last.embeds[:cached_len]), prompt_embeds.shape[0] - 1)
+    if usable <= 0:
+        _last = None
+        return None
+    cache = _last.cache
+    _last = None  # generate() extends the cache in place: it is only valid again once remembered
+    cache.crop(usable - cached_len)
+    stats["reused_tokens"] += usable
+    return cache
+
+
+def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, enabled: bool) -> dict:
+    """Keyword arguments for `model.generate` (inputs, attention mask and, when reusable, a cache)."""
+    kwargs: dict = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+    length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
+    # LLaVA placeholder ids often equal the pad id; without an explicit mask transformers masks them.
+    kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=(inputs_embeds if inputs_embeds is not None else input_ids).device)
+    if not enabled:
+        clear()
+        return kwargs
+    prompt_embeds = (inputs_embeds if inputs_embeds is not None else embed_ids(input_ids))[0]
+    cache = reusable_cache(prompt_embeds)
+    kwargs["past_key_values"] = cache if cache is not None else DynamicCache(config=shared.model.config)
+    stats["prefilled_tokens"] += length - (cache.get_seq_length() if cache is not None else 0)
+    kwargs["_prompt_embeds"] = prompt_embeds
+    return kwargs
+
+
+def remember(prompt_embeds: torch.Tensor, new_ids: list[int], cache) -> None:
+    """Keep `cache` after a generation that produced `new_ids` from `prompt_embeds` (n, hidden)."""
+    global _last
+    if not isinstance(cache, DynamicCache) or not cache.is_croppable:
+        _last = None
+        logger.debug("Prefix reuse off: this model's KV cache cannot be cropped")
+        return
+    rows = [prompt_embeds]
+    if new_ids:
+        rows.append(embed_ids(torch.tensor([new_ids], device=prompt_embeds.device))[0].to(prompt_embeds.dtype))
+    _last = CachedPrefix(shared.model, torch.cat(rows), cache)

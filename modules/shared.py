@@ -1,0 +1,116 @@
+"""Process-wide state shared by the host and its extensions, under text-generation-webui's names.
+
+Holds the parsed command line (`args`), the generation settings (`settings`), the loaded model,
+tokenizer and processor, and the Gradio components (`gradio`). Importing this module reads
+neither `sys.argv` nor any file: `server.py` parses the real command line and loads settings.
+"""
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+model: Any = None
+tokenizer: Any = None
+processor: Any = None  # an AutoProcessor for image-text models, else None
+model_name: str = "None"
+gradio: dict[str, Any] = {}
+
+# One generation at a time, for the UI and the API alike.
+generation_lock = threading.Lock()
+stop_everything = False
+processing_message = "*Is typing...*"
+
+# Every generation parameter lives here, so `dict(settings)` plus overrides is a valid `state`.
+default_settings: dict[str, Any] = {
+    "max_new_tokens": 512,
+    "truncation_length": 2048,
+    "add_bos_token": True,
+    "ban_eos_token": False,
+    "skip_special_tokens": True,
+    "custom_stopping_strings": "",
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": 0,
+    "repetition_penalty": 1.0,
+    "seed": -1,
+    "stream": True,
+    "system_message": "",
+    "default_extensions": [],
+    "model": None,
+    "prefix_cache": True,
+}
+settings: dict[str, Any] = dict(default_settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="A text-generation-webui-compatible chat host with the multimodal extension.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=40),
+    )
+    group = parser.add_argument_group("Model")
+    group.add_argument("--model", type=str, help="Model folder name under --model-dir, or a path to one.")
+    group.add_argument("--model-dir", type=str, default="models/", help="Where model folders live (default: models/).")
+    group.add_argument("--cpu", action="store_true", help="Load and run on the CPU even when CUDA is present.")
+    group.add_argument("--bf16", action="store_true", help="Load in bfloat16 instead of float16 on CUDA.")
+    group.add_argument("--load-in-8bit", action="store_true", help="8-bit weights through bitsandbytes (CUDA only).")
+    group.add_argument("--load-in-4bit", action="store_true", help="4-bit weights through bitsandbytes (CUDA only).")
+    group.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the model folder.")
+    group.add_argument("--no-prefix-cache", action="store_true",
+                       help="Do not reuse the previous generation's KV cache for a shared prompt prefix.")
+
+    group = parser.add_argument_group("Extensions")
+    group.add_argument("--extensions", type=str, nargs="+", default=[], help="Extensions to load, by folder name.")
+    group.add_argument("--multimodal-pipeline", type=str, default=None,
+                       help="The multimodal pipeline to use (implies --extensions multimodal).")
+    group.add_argument("--settings", type=str, help="A YAML settings file (default: settings.yaml when present).")
+
+    group = parser.add_argument_group("Server")
+    group.add_argument("--listen", action="store_true", help="Listen on all interfaces, not only 127.0.0.1.")
+    group.add_argument("--listen-host", type=str, help="The host name or address to bind the UI to.")
+    group.add_argument("--listen-port", type=int, default=7860, help="The UI port (default: 7860).")
+    group.add_argument("--nowebui", action="store_true", help="Do not start the Gradio UI (use with --api).")
+
+    group = parser.add_argument_group("API")
+    group.add_argument("--api", action="store_true", help="Start the OpenAI-compatible API.")
+    group.add_argument("--api-port", type=int, default=5000, help="The API port (default: 5000).")
+    group.add_argument("--api-key", type=str, default="", help="Require 'Authorization: Bearer KEY' on API requests.")
+    group.add_argument("--api-allow-private-urls", action="store_true",
+                       help="Let the API fetch image URLs on loopback, private and link-local addresses.")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse a command line and apply the implications text-generation-webui applies."""
+    parsed = build_parser().parse_args(argv)
+    if parsed.multimodal_pipeline is not None and "multimodal" not in parsed.extensions:
+        parsed.extensions.append("multimodal")
+    return parsed
+
+
+args = parse_args([])
+
+
+def load_settings(path: str | Path | None = None) -> Path | None:
+    """Update `settings` from a YAML file: `path`, else `settings.yaml` at the root when present.
+
+    Returns the file used, or None. Keys named `EXT-param` are applied to extensions when they load.
+    """
+    if path is None:
+        candidate = ROOT / "settings.yaml"
+        if not candidate.exists():
+            return None
+        path = candidate
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        loaded = yaml.safe_load(f) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a settings file must hold a YAML mapping, got {type(loaded).__name__}")
+    settings.update(loaded)
+    return path

@@ -1,0 +1,247 @@
+"""Tokenizing and generating, with text-generation-webui's signatures.
+
+- `encode` / `decode`: text <-> token ids (BOS handling, truncation keeps the last tokens).
+- `get_encoded_length`: prompt length, through an extension's `custom_tokenized_length` when one exists.
+- `generate_reply(question, state, ...)`: a generator of the cumulative reply, one generation at a
+  time behind `shared.generation_lock`. Before generating it calls the `tokenizer` hook; when that
+  returns `inputs_embeds`, the model generates from those embeddings with an all-ones attention mask.
+This module knows nothing about chat history or images.
+"""
+from __future__ import annotations
+
+import ast
+import queue
+import random
+import threading
+import time
+from typing import Any, Iterator
+
+import torch
+import transformers
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from modules import prefix_cache, shared
+from modules.extensions import apply_extensions
+from modules.logging_colors import logger
+from modules.models import model_device
+
+
+def encode(prompt: str, add_special_tokens: bool = True, add_bos_token: bool = True,
+           truncation_length: int | None = None) -> torch.LongTensor:
+    """Token ids `[1, n]` on the model's device."""
+    if shared.tokenizer is None:
+        raise ValueError("No tokenizer is loaded")
+    ids = shared.tokenizer.encode(str(prompt), return_tensors="pt", add_special_tokens=add_special_tokens)
+    ids = fix_bos(ids, add_special_tokens and add_bos_token)
+    if truncation_length is not None and truncation_length > 0:
+        ids = ids[:, -truncation_length:]
+    if shared.model is not None:
+        ids = ids.to(model_device())
+    return ids
+
+
+def fix_bos(ids: torch.Tensor, want_bos: bool) -> torch.Tensor:
+    bos = getattr(shared.tokenizer, "bos_token_id", None)
+    if bos is None:
+        return ids
+    if not want_bos:
+        while ids.shape[1] > 0 and ids[0, 0] == bos:
+            ids = ids[:, 1:]
+        return ids
+    if ids.shape[1] == 0 or ids[0, 0] != bos:
+        ids = torch.cat([torch.tensor([[bos]], dtype=ids.dtype), ids], dim=1)
+    # Chat templates that write the BOS as text give a second one.
+    while ids.shape[1] > 1 and ids[0, 0] == bos and ids[0, 1] == bos:
+        ids = ids[:, 1:]
+    return ids
+
+
+def decode(output_ids, skip_special_tokens: bool = True) -> str:
+    if shared.tokenizer is None:
+        raise ValueError("No tokenizer is loaded")
+    return shared.tokenizer.decode(output_ids, skip_special_tokens=skip_special_tokens)
+
+
+def get_encoded_length(prompt: str) -> int:
+    length_after_extensions = apply_extensions("tokenized_length", prompt)
+    if length_after_extensions is not None:
+        return length_after_extensions
+    return len(encode(prompt)[0])
+
+
+def get_max_prompt_length(state: dict) -> int:
+    return state["truncation_length"] - state["max_new_tokens"]
+
+
+def stop_everything_event() -> None:
+    shared.stop_everything = True
+
+
+def get_custom_stopping_strings(state: dict) -> list[str]:
+    """`custom_stopping_strings` is text like `"\\nYou:", "END"` (text-generation-webui's format)."""
+    raw = state.get("custom_stopping_strings") or ""
+    if isinstance(raw, (list, tuple)):
+        return [str(s) for s in raw if s]
+    raw = raw.strip()
+    if not raw:
+        return []
+    try:
+        parsed = ast.literal_eval(f"[{raw}]")
+    except (ValueError, SyntaxError):
+        return [raw]
+    return [str(s) for s in parsed if s]
+
+
+class TokenQueue(BaseStreamer):
+    """Receives generated token ids from `model.generate` running in another thread."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:  # generate() first passes the prompt ids (empty for an embeddings prompt)
+            self.prompt_seen = True
+            return
+        self.queue.put(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.queue.put(None)
+
+
+class StopOnEvent(StoppingCriteria):
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+        stop = self.event.is_set() or shared.stop_everything
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+def set_seed(seed: int) -> int:
+    if seed is None or int(seed) == -1:
+        seed = random.randint(1, 2**31)
+    transformers.set_seed(int(seed))
+    return int(seed)
+
+
+def sampling_params(state: dict) -> dict[str, Any]:
+    params: dict[str, Any] = {"max_new_tokens": int(state["max_new_tokens"])}
+    if not state.get("do_sample", True) or float(state.get("temperature", 1.0)) == 0:
+        params.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        params.update(do_sample=True, temperature=float(state["temperature"]), top_p=float(state["top_p"]),
+                      top_k=int(state.get("top_k") or 0))
+    if float(state.get("repetition_penalty", 1.0)) != 1.0:
+        params["repetition_penalty"] = float(state["repetition_penalty"])
+    eos = shared.tokenizer.eos_token_id
+    pad = shared.tokenizer.pad_token_id
+    params["pad_token_id"] = pad if pad is not None else eos
+    if state.get("ban_eos_token") and eos is not None:
+        params["suppress_tokens"] = [eos]
+    return params
+
+
+def model_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+    input_ids = encode(question, add_bos_token=state["add_bos_token"], truncation_length=get_max_prompt_length(state))
+    question, input_ids, inputs_embeds = apply_extensions("tokenizer", state, question, input_ids, None)
+    return question, input_ids, inputs_embeds
+
+
+def run_generate(generate_kwargs: dict, streamer: TokenQueue, prompt_embeds: torch.Tensor | None) -> None:
+    try:
+        with torch.inference_mode():
+            output = shared.model.generate(**generate_kwargs, streamer=streamer)
+        if prompt_embeds is not None:
+            prompt_ids = generate_kwargs.get("input_ids")
+            # generate() returns prompt + new ids for an ids prompt, only new ids for an embeddings prompt
+            new_ids = output.sequences[0, 0 if prompt_ids is None else prompt_ids.shape[1]:].tolist()
+            prefix_cache.remember(prompt_embeds, new_ids, output.past_key_values)
+    except Exception as error:  # handed to the consumer thread, which re-raises it
+        prefix_cache.clear()
+        streamer.queue.put(error)
+        streamer.end()
+
+
+def stream_token_ids(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, state: dict,
+                     stop_event: threading.Event) -> Iterator[list[int]]:
+    """Runs `model.generate` in a thread; yields each step's new token ids."""
+    kwargs = sampling_params(state)
+    kwargs.update(prefix_cache.generate_inputs(input_ids, inputs_embeds, enabled=prefix_cache_enabled(state)))
+    processors = apply_extensions("logits_processor", LogitsProcessorList(), input_ids)
+    kwargs["logits_processor"] = LogitsProcessorList(processors)
+    kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnEvent(stop_event)])
+    kwargs["return_dict_in_generate"] = True
+    prompt_embeds = kwargs.pop("_prompt_embeds", None)
+    streamer = TokenQueue()
+    thread = threading.Thread(target=run_generate, args=(kwargs, streamer, prompt_embeds), daemon=True)
+    thread.start()
+    try:
+        while (item := streamer.queue.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+        if not streamer.queue.empty() and isinstance(error := streamer.queue.get(), Exception):
+            raise error
+    finally:
+        stop_event.set()
+        thread.join()
+
+
+def prefix_cache_enabled(state: dict) -> bool:
+    return bool(state.get("prefix_cache", True)) and not shared.args.no_prefix_cache
+
+
+def partial_stop_index(text: str, stopping_strings: list[str]) -> int:
+    """Where a possible start of a stopping string begins at the end of `text` (held back while streaming)."""
+    for i in range(len(text)):
+        tail = text[i:]
+        if any(s.startswith(tail) for s in stopping_strings):
+            return i
+    return len(text)
+
+
+def generate_reply(question: str, state: dict, stopping_strings: list[str] | None = None, is_chat: bool = False,
+                   escape_html: bool = False, for_ui: bool = False) -> Iterator[str]:
+    """Yields the cumulative reply. Records counts in `state['generation_stats']`."""
+    with shared.generation_lock:
+        shared.stop_everything = False
+        yield from _generate_reply(question, state, stopping_strings, is_chat)
+
+
+def _generate_reply(question: str, state: dict, stopping_strings: list[str] | None, is_chat: bool) -> Iterator[str]:
+    if shared.model is None:
+        raise RuntimeError("No model is loaded: start the server with --model NAME (see models/README.md).")
+    state["seed"] = set_seed(state.get("seed", -1))
+    if not is_chat:
+        question = apply_extensions("input", question, state)
+    question, input_ids, inputs_embeds = model_inputs(question, state)
+    stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
+    stats = {"prompt_tokens": int(input_ids.shape[-1]), "completion_tokens": 0, "finish_reason": "length"}
+    state["generation_stats"] = stats
+    started = time.time()
+    new_ids: list[int] = []
+    reply = ""
+    stop_event = threading.Event()
+    for step_ids in stream_token_ids(input_ids, inputs_embeds, state, stop_event):
+        new_ids.extend(step_ids)
+        reply = decode(new_ids, state.get("skip_special_tokens", True))
+        hit = min((reply.find(s) for s in stops if s in reply), default=-1)
+        if hit >= 0:
+            reply = reply[:hit]
+            stats["finish_reason"] = "stop"
+            stop_event.set()
+            break
+        stats["completion_tokens"] = len(new_ids)
+        yield reply[:partial_stop_index(reply, stops)] if stops else reply
+    stats["completion_tokens"] = len(new_ids)
+    eos = shared.tokenizer.eos_token_id
+    if new_ids and new_ids[-1] == eos or shared.stop_everything:
+        stats["finish_reason"] = "stop"
+    if not is_chat:
+        reply = apply_extensions("output", reply, state)
+    elapsed = max(time.time() - started, 1e-6)
+    logger.info(f"Output generated in {elapsed:.2f} seconds ({len(new_ids) / elapsed:.2f} tokens/s, "
+                f"{len(new_ids)} tokens, context {stats['prompt_tokens']}, seed {state['seed']})")
+    yield reply

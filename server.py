@@ -1,0 +1,63 @@
+"""Start the chat host: parse the command line, load settings, the model and extensions, then serve.
+
+    python server.py                      # the shipped demo model, UI on http://127.0.0.1:7860
+    python server.py --model NAME --api   # a model under models/, plus the OpenAI-compatible API
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from modules import shared
+from modules.logging_colors import logger
+
+
+def load_model_and_extensions() -> None:
+    import modules.extensions
+    import modules.models
+
+    name = shared.args.model or shared.settings.get("model")
+    if name:
+        shared.model, shared.tokenizer = modules.models.load_model(name)
+        shared.model_name = name
+        if shared.processor is not None and "multimodal" not in shared.args.extensions:
+            logger.info("Image-text model: enabling the multimodal extension")
+            shared.args.extensions.append("multimodal")
+    else:
+        logger.warning("No model given: starting without one. Put a model folder under models/ "
+                       "(see models/README.md) and start with --model NAME.")
+    modules.extensions.load_extensions()
+
+
+def launch_ui(block: bool) -> None:
+    from modules import ui_chat
+
+    interface = ui_chat.create_interface()
+    host = shared.args.listen_host or ("0.0.0.0" if shared.args.listen else "127.0.0.1")
+    interface.queue(default_concurrency_limit=4)
+    interface.launch(server_name=host, server_port=shared.args.listen_port, prevent_thread_lock=not block,
+                     css=ui_chat.interface_css(), js=ui_chat.interface_js(), show_error=True, quiet=False,
+                     footer_links=[])
+
+
+def main(argv: list[str]) -> None:
+    shared.args = shared.parse_args(argv)
+    used = shared.load_settings(shared.args.settings)
+    if used is not None:
+        logger.info(f"Loaded settings from {used}")
+    load_model_and_extensions()
+    if shared.args.api:
+        from modules.api import server as api_server
+
+        api_server.start_in_background()
+    if shared.args.nowebui:
+        if not shared.args.api:
+            logger.warning("--nowebui without --api: nothing to serve")
+            return
+        while True:
+            time.sleep(3600)
+    launch_ui(block=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,50 @@
+"""Loading fixture models and extensions into the host the way server.py does, and undoing it."""
+from __future__ import annotations
+
+import copy
+import importlib
+import sys
+from pathlib import Path
+
+from modules import extensions, models, prefix_cache, shared
+
+
+def snapshot() -> dict:
+    return {"args": copy.deepcopy(shared.args), "settings": copy.deepcopy(shared.settings),
+            "model": (shared.model, shared.tokenizer, shared.processor, shared.model_name)}
+
+
+def restore(saved: dict) -> None:
+    shared.args = saved["args"]
+    shared.settings.clear()
+    shared.settings.update(saved["settings"])
+    shared.model, shared.tokenizer, shared.processor, shared.model_name = saved["model"]
+    shared.stop_everything = False
+    extensions.reset()
+    prefix_cache.clear()
+    # Extensions keep module-level params: drop them so the next test imports them fresh.
+    for name in [m for m in sys.modules if m.startswith("extensions.")]:
+        del sys.modules[name]
+
+
+def load(model_dir: Path, extension_names: list[str] | None = None, argv: list[str] | None = None,
+         settings: dict | None = None) -> None:
+    """`server.py`'s start-up for a model folder: load the model, then the extensions."""
+    shared.args = shared.parse_args((argv or []) + ["--model", str(model_dir)] +
+                                    (["--extensions", *extension_names] if extension_names else []))
+    shared.settings.update(settings or {})
+    shared.model, shared.tokenizer = models.load_model(str(model_dir))
+    shared.model_name = Path(model_dir).name
+    extensions.load_extensions()
+
+
+def greedy_state(**overrides) -> dict:
+    state = dict(shared.settings)
+    state.update(do_sample=False, max_new_tokens=8, seed=0, history={"internal": [], "visible": []})
+    state.update(overrides)
+    return state
+
+
+def import_fresh(module: str):
+    sys.modules.pop(module, None)
+    return importlib.import_module(module)

@@ -1,0 +1,105 @@
+"""encode/decode semantics and generate_reply against model.generate called directly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modules import shared, text_generation
+from modules.text_generation import decode, encode, generate_reply, get_max_prompt_length
+
+
+@pytest.fixture
+def llama(host, llama_dir):
+    host.load(llama_dir)
+    return host
+
+
+def test_encode_adds_one_bos_and_removes_duplicates(llama):
+    bos = shared.tokenizer.bos_token_id
+    ids = encode("Hello world")
+    assert ids.shape[0] == 1 and ids[0, 0] == bos and ids[0, 1] != bos
+    doubled = encode("<s>Hello world")
+    assert doubled[0, 0] == bos and doubled[0, 1] != bos
+    assert torch.equal(doubled, ids)
+
+
+def test_encode_without_bos_strips_it(llama):
+    bos = shared.tokenizer.bos_token_id
+    assert encode("<s>Hello world", add_bos_token=False)[0, 0] != bos
+    assert encode("Hello world", add_special_tokens=False)[0, 0] != bos
+
+
+def test_truncation_keeps_the_last_tokens(llama):
+    full = encode("The quick brown fox jumps over the lazy dog")
+    cut = encode("The quick brown fox jumps over the lazy dog", truncation_length=4)
+    assert cut.shape[1] == 4 and torch.equal(cut[0], full[0, -4:])
+
+
+def test_decode_round_trip(llama):
+    assert decode(encode("Hello world")[0]) == "Hello world"
+    assert decode(encode("Hello world")[0], skip_special_tokens=False).startswith("<s>")
+
+
+def test_max_prompt_length():
+    assert get_max_prompt_length({"truncation_length": 2048, "max_new_tokens": 512}) == 1536
+
+
+def test_truncation_length_comes_from_the_model_config(llama):
+    assert shared.settings["truncation_length"] == shared.model.config.max_position_embeddings
+
+
+def test_greedy_reply_equals_model_generate(llama):
+    state = llama.greedy_state(max_new_tokens=12, ban_eos_token=True)
+    prompt = "USER: Describe the image.\nASSISTANT:"
+    replies = list(generate_reply(prompt, state))
+    ids = encode(prompt)
+    direct = shared.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                   suppress_tokens=[shared.tokenizer.eos_token_id], pad_token_id=shared.tokenizer.pad_token_id)
+    assert replies[-1] == decode(direct[0, ids.shape[1]:])
+    assert len(replies) > 2, "the reply streams token by token"
+    assert all(later.startswith(earlier) for earlier, later in zip(replies, replies[1:]))
+    assert state["generation_stats"]["completion_tokens"] == 12
+    assert state["generation_stats"]["prompt_tokens"] == ids.shape[1]
+
+
+def test_stopping_string_cuts_the_reply(llama):
+    state = llama.greedy_state(max_new_tokens=20, ban_eos_token=True)
+    full = list(generate_reply("Hello world", state))[-1]
+    assert len(full) > 4
+    stop = full[2:4]
+    first = full.find(stop)
+    cut = list(generate_reply("Hello world", dict(state, custom_stopping_strings=repr(stop))))
+    assert cut[-1] == full[:first]
+    assert all(stop not in r for r in cut)
+    via_arg = list(generate_reply("Hello world", state, stopping_strings=[stop]))[-1]
+    assert via_arg == full[:first]
+    assert state["generation_stats"]["finish_reason"] == "stop"
+
+
+def test_stop_flag_interrupts(llama):
+    state = llama.greedy_state(max_new_tokens=200, ban_eos_token=True)
+    seen = []
+    for reply in generate_reply("Hello world", state):
+        seen.append(reply)
+        if len(seen) == 3:
+            text_generation.stop_everything_event()
+    assert len(seen) < 10
+    assert state["generation_stats"]["completion_tokens"] < 10
+
+
+def test_lock_is_released_when_the_consumer_walks_away(llama):
+    state = llama.greedy_state(max_new_tokens=200, ban_eos_token=True)
+    stream = generate_reply("Hello world", state)
+    next(stream)
+    assert shared.generation_lock.locked()
+    stream.close()
+    assert not shared.generation_lock.locked()
+    assert list(generate_reply("Hello", llama.greedy_state(max_new_tokens=3)))
+
+
+def test_seed_makes_sampling_repeatable(llama):
+    state = llama.greedy_state(do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=10, seed=123,
+                               ban_eos_token=True)
+    first = list(generate_reply("Hello", dict(state)))[-1]
+    second = list(generate_reply("Hello", dict(state)))[-1]
+    assert first == second
