@@ -17,6 +17,12 @@ def load_model_and_extensions() -> None:
     import modules.models
 
     name = shared.args.model or shared.settings.get("model")
+    if name and not shared.args.model:
+        try:
+            modules.models.resolve_model_path(name)
+        except FileNotFoundError as error:
+            logger.warning(f"The settings' model is not available: {error}")
+            name = None
     if name:
         shared.model, shared.tokenizer = modules.models.load_model(name)
         shared.model_name = name

@@ -122,7 +122,13 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
         if state.get("stream", True):
             yield output
     output["visible"][-1][1] = apply_extensions("output", output["visible"][-1][1], state, is_chat=True)
+    output["visible"][-1][1] += notices_html(state.get("notices", []))
     yield output
+
+
+def notices_html(notices: list[str]) -> str:
+    """Visible-only lines telling the user what happened to their input (e.g. images dropped)."""
+    return "".join(f"\n\n⚠ {html.escape(n)}" for n in notices)
 
 
 def generate_chat_reply(text: str, state: dict, regenerate: bool = False, _continue: bool = False,

@@ -12,6 +12,7 @@ import importlib
 import traceback
 from functools import partial
 from inspect import signature
+from pathlib import Path
 from typing import Any, Iterator
 
 from modules import shared
@@ -24,8 +25,11 @@ available_extensions: list[str] = []
 
 
 def list_available_extensions() -> list[str]:
-    folder = shared.ROOT / "extensions"
-    return sorted(p.name for p in folder.iterdir() if (p / "script.py").exists())
+    """Folders holding a script.py on the `extensions` package path (tests may add folders to it)."""
+    import extensions
+
+    folders = [Path(p) for p in extensions.__path__]
+    return sorted({p.name for folder in folders if folder.is_dir() for p in folder.iterdir() if (p / "script.py").exists()})
 
 
 def apply_settings(extension, name: str) -> None:

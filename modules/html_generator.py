@@ -1,30 +1,54 @@
 """Rendering a visible chat history to HTML for the UI.
 
+In: a history's `visible` turns (HTML-escaped text plus the image tags extensions add), and
+optionally notices to show under the chat. Out: one HTML string for a `gr.HTML` component.
+
 Only image tags of the exact form `<img src="data:image/jpeg;base64,...">` are kept as HTML; every
 other piece of text, whatever it looks like, is shown as text. Visible text is stored HTML-escaped
 (text-generation-webui's convention), so each text run is unescaped once and escaped again: text
 stays readable, and a history file edited by hand cannot smuggle markup in.
+This module does not decode images or check that the base64 payload is a real JPEG: the browser
+shows a data URL with a `image/jpeg` MIME type as an image or not at all, it never runs it.
 """
 from __future__ import annotations
 
 import html
 import re
 
-# The one image tag form the multimodal extension writes (see its technical description).
+# The one image tag form the multimodal extension writes (its technical description fixes this
+# exact regex; extensions/multimodal/image_codec.IMAGE_TAG_RE is the same pattern, tested equal).
+# The host keeps its own copy so the UI renders saved histories without loading the extension.
 IMAGE_TAG = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">')
 
+# Characters html.escape leaves alone that template engines treat as syntax: Gradio 6's gr.HTML
+# renders its value through a JS-template/Handlebars template, so `${...}` or `{{...}}` typed by a
+# user must reach the page as inert character references, not as template code.
+TEMPLATE_SYNTAX = str.maketrans({"{": "&#123;", "}": "&#125;", "$": "&#36;", "`": "&#96;", "\\": "&#92;"})
+
 CHAT_CSS = """
-#chat-history { display: flex; flex-direction: column; gap: 10px; padding: 8px; min-height: 120px; }
-#chat-history .message { padding: 8px 12px; border-radius: 10px; white-space: pre-wrap; word-wrap: break-word; max-width: 90%; }
+#chat-history { display: flex; flex-direction: column; gap: 10px; padding: 8px; min-height: 160px; }
+#chat-history .message { padding: 8px 12px; border-radius: 10px; white-space: pre-wrap; overflow-wrap: anywhere; max-width: 90%; }
 #chat-history .user { align-self: flex-end; background: rgba(59,130,246,0.15); }
 #chat-history .assistant { align-self: flex-start; background: rgba(120,120,120,0.15); }
 #chat-history .message img { max-width: 300px; max-height: 300px; display: block; margin: 4px 0; border-radius: 6px; }
 #chat-history .empty { opacity: 0.6; font-style: italic; }
+#chat-history .notice { align-self: stretch; padding: 6px 12px; border-radius: 8px; white-space: pre-wrap;
+                        background: rgba(234,179,8,0.18); border-left: 4px solid rgb(234,179,8); }
 """
 
 
+def escape_plain(text: str) -> str:
+    """Plain text -> HTML that shows exactly that text."""
+    return html.escape(text, quote=True).translate(TEMPLATE_SYNTAX)
+
+
+def escape_text(visible: str) -> str:
+    """Visible (stored HTML-escaped, or hand-edited raw) text -> HTML showing it escaped exactly once."""
+    return escape_plain(html.unescape(visible))
+
+
 def render_text(visible: str) -> str:
-    """HTML for one visible message: image tags as images, everything else as text."""
+    """HTML for one visible message: exact image tags as images, everything else as text."""
     pieces = []
     position = 0
     for match in IMAGE_TAG.finditer(visible):
@@ -35,11 +59,14 @@ def render_text(visible: str) -> str:
     return "".join(pieces)
 
 
-def escape_text(text: str) -> str:
-    return html.escape(html.unescape(text), quote=True)
+def strip_image_tags(text: str) -> str:
+    """`text` without its image tags (e.g. to put a removed message back into the textbox)."""
+    stripped = IMAGE_TAG.sub("", text)
+    return stripped.strip() if stripped != text else text
 
 
-def chat_html_wrapper(history: dict) -> str:
+def chat_html_wrapper(history: dict, notices: list[str] | None = None) -> str:
+    """The whole chat: one row per non-empty visible message, then `notices` as plain text rows."""
     rows = []
     for user, bot in history.get("visible", []):
         if user:
@@ -48,4 +75,6 @@ def chat_html_wrapper(history: dict) -> str:
             rows.append(f'<div class="message assistant">{render_text(bot)}</div>')
     if not rows:
         rows.append('<div class="empty">No messages yet.</div>')
+    for notice in notices or []:
+        rows.append(f'<div class="notice" role="alert">{escape_plain(notice)}</div>')
     return f'<div id="chat-history">{"".join(rows)}</div>'

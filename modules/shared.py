@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# The small model the repository ships, so `python server.py` with no flags starts a working demo.
+DEMO_MODEL = "tiny-llava-shapes"
 
 model: Any = None
 tokenizer: Any = None
@@ -43,7 +45,7 @@ default_settings: dict[str, Any] = {
     "stream": True,
     "system_message": "",
     "default_extensions": [],
-    "model": None,
+    "model": DEMO_MODEL,
     "prefix_cache": True,
 }
 settings: dict[str, Any] = dict(default_settings)

@@ -216,6 +216,7 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
     state["seed"] = set_seed(state.get("seed", -1))
     if not is_chat:
         question = apply_extensions("input", question, state)
+    state["notices"] = []  # extensions append what the user should be told (e.g. images dropped)
     question, input_ids, inputs_embeds = model_inputs(question, state)
     stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
     stats = {"prompt_tokens": int(input_ids.shape[-1]), "completion_tokens": 0, "finish_reason": "length"}

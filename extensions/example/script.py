@@ -1,0 +1,85 @@
+"""An example extension documenting every hook, in the order the host calls them.
+
+Copy this folder to `extensions/NAME/` and keep only the hooks you need. Every hook is optional.
+Names and signatures are text-generation-webui's, so an extension runs in either host.
+
+Start-up (`modules.extensions.load_extensions`):
+  1. the module is imported;
+  2. `params` is updated from settings keys `example-<key>` (e.g. `example-prefix: ">> "`);
+  3. `setup()` is called once.
+Building the UI (`modules.ui_chat`): `custom_css()`, `custom_js()`, then `ui()` below the chat.
+Each chat turn (`modules.chat.chatbot_wrapper`):
+  4. `history_modifier(history)`, `state_modifier(state)`;
+  5. `chat_input_modifier(text, visible_text, state)` -> (text for the model, text for the UI);
+  6. `input_modifier(string, state, is_chat)`;
+  7. `custom_generate_chat_prompt(user_input, state, **kwargs)` -> a prompt, or leave it undefined;
+     prompt building calls `custom_tokenized_length(prompt)` (through `get_encoded_length`) to measure;
+  8. `tokenizer_modifier(state, prompt, input_ids, input_embeds)` -> (prompt, input_ids, input_embeds):
+     return `input_embeds` [1, n, hidden] to make the model generate from embeddings;
+  9. `logits_processor_modifier(processor_list, input_ids)` -> append LogitsProcessors;
+ 10. `output_modifier(string, state, is_chat)` on the finished reply.
+"""
+from __future__ import annotations
+
+params = {
+    "display_name": "Example",
+    "is_tab": False,
+}
+
+
+def setup() -> None:
+    """Once, after `params` were updated from settings. Load models or files here, not at import."""
+
+
+def ui() -> None:
+    """Build Gradio components; `modules.shared.gradio` holds the host's ('textbox', 'Generate', ...)."""
+
+
+def custom_css() -> str:
+    return ""
+
+
+def custom_js() -> str:
+    return ""
+
+
+def history_modifier(history: dict) -> dict:
+    """The chat history ({'internal': [...], 'visible': [...]}) before the turn is built."""
+    return history
+
+
+def state_modifier(state: dict) -> dict:
+    """The generation settings for this turn."""
+    return state
+
+
+def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str, str]:
+    """The user's message: what the model sees, and what the chat shows (HTML-escaped)."""
+    return text, visible_text
+
+
+def input_modifier(string: str, state: dict, is_chat: bool = False) -> str:
+    """The user's text (chat) or the whole prompt (plain generation)."""
+    return string
+
+
+def custom_tokenized_length(prompt: str) -> int:
+    """Return the prompt's length in tokens when it differs from plain tokenizing (e.g. images)."""
+    raise NotImplementedError  # left undefined in real extensions that do not need it
+
+
+del custom_tokenized_length  # defining it would replace the host's own length for every prompt
+
+
+def tokenizer_modifier(state: dict, prompt: str, input_ids, input_embeds):
+    """The encoded prompt right before generation."""
+    return prompt, input_ids, input_embeds
+
+
+def logits_processor_modifier(processor_list: list, input_ids) -> list:
+    return processor_list
+
+
+def output_modifier(string: str, state: dict, is_chat: bool = False) -> str:
+    """The model's reply (chat: the visible, HTML-escaped reply)."""
+    return string

@@ -1,0 +1,73 @@
+"""Request bodies: parse and validate in one step, with OpenAI's parameter names and ranges.
+
+Validation is strict (a string where a number belongs is refused rather than coerced) and runs on
+the raw JSON bytes. Unknown fields are ignored, as OpenAI clients send many we do not use
+(`frequency_penalty`, `logprobs`, `user`, ...). Message contents are checked by `prompts`, not here.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from modules.api.errors import APIError
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class GenerationParams(BaseModel):
+    """What both completion endpoints accept; None means the host's setting."""
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # newer clients' name for max_tokens
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = Field(None, max_length=16)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1  # one generation at a time: several choices would queue behind each other
+    # text-generation-webui extras.
+    top_k: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0)
+    ban_eos_token: bool | None = None
+
+
+class ChatCompletionRequest(GenerationParams):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+
+
+class CompletionRequest(GenerationParams):
+    prompt: str | list[str] = Field(min_length=1)
+
+
+def parse_body(model: type[BaseModel], body: bytes) -> Any:
+    """Raises APIError: 400 for bytes that are not a JSON object, 422 for invalid parameters."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        raise error_from_validation(error) from None
+
+
+def error_from_validation(error: ValidationError) -> APIError:
+    problems = error.errors(include_url=False)
+    first = problems[0] if problems else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"The request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}",
+                        code="invalid_json")
+    if not first.get("loc"):
+        return APIError(400, f"The request body must be a JSON object, got {type_name(first.get('input'))}",
+                        code="invalid_json")
+    loc = ".".join(str(x) for x in first["loc"])
+    got = "" if first.get("type") == "missing" else f" (got {first.get('input')!r:.80})"
+    more = f"; and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+    return APIError(422, f"Invalid parameter '{loc}': {first.get('msg')}{got}{more}", param=loc,
+                    code="invalid_parameter")
+
+
+def type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
