@@ -20,14 +20,16 @@ import re
 # The host keeps its own copy so the UI renders saved histories without loading the extension.
 IMAGE_TAG = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">')
 
-# Characters html.escape leaves alone that template engines treat as syntax: Gradio 6's gr.HTML
-# renders its value through a JS-template/Handlebars template, so `${...}` or `{{...}}` typed by a
-# user must reach the page as inert character references, not as template code.
+# Characters html.escape leaves alone that template engines treat as syntax. Gradio 6's gr.HTML
+# puts its value into a JS-template/Handlebars `html_template`; 6.31 does not re-evaluate the value
+# (checked by hand: a raw `${1+1}` showed literally), but writing them as character references
+# keeps that true whatever a later Gradio does with the value. They render identically.
 TEMPLATE_SYNTAX = str.maketrans({"{": "&#123;", "}": "&#125;", "$": "&#36;", "`": "&#96;", "\\": "&#92;"})
 
 CHAT_CSS = """
 #chat-history { display: flex; flex-direction: column; gap: 10px; padding: 8px; min-height: 160px; }
-#chat-history .message { padding: 8px 12px; border-radius: 10px; white-space: pre-wrap; overflow-wrap: anywhere; max-width: 90%; }
+#chat-history .message { padding: 8px 12px; border-radius: 10px; white-space: pre-wrap; overflow-wrap: anywhere;
+                         max-width: 90%; }
 #chat-history .user { align-self: flex-end; background: rgba(59,130,246,0.15); }
 #chat-history .assistant { align-self: flex-start; background: rgba(120,120,120,0.15); }
 #chat-history .message img { max-width: 300px; max-height: 300px; display: block; margin: 4px 0; border-radius: 6px; }

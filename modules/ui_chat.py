@@ -3,59 +3,105 @@
 Components are registered in `shared.gradio` (text-generation-webui's names: 'textbox',
 'Generate', 'Stop', 'history', 'display', ...) so extensions can attach to them in `ui()`.
 Each browser session holds its own history in a `gr.State`.
+
+Per-message extension inputs: an extension's `ui()` may register components in
+`shared.gradio['extension_inputs']` (state key -> component), e.g. the multimodal extension's
+`multimodal_images`. On Generate/Enter the host reads the textbox and those components into
+per-session `gr.State`s and clears them (one queue=False step, so clearing never races with the
+read), then generates with `state[key]` = the value read. Values are whatever the component's
+preprocess returns; an empty value reaches the state as None.
+
+Errors raised while generating (ValueError for a bad image, too many images, a prompt that cannot
+fit; anything from a pipeline) become a warning toast plus a notice line under the chat; the
+history stays as it was before the message, so the next message works.
+This module renders no HTML itself (modules/html_generator.py does) and knows nothing about images.
 """
 from __future__ import annotations
 
+import html
 import traceback
+from typing import Iterator
 
 import gradio as gr
 
 from modules import chat, shared
 from modules.extensions import apply_extensions, create_extensions_block
-from modules.html_generator import CHAT_CSS, chat_html_wrapper
+from modules.html_generator import CHAT_CSS, chat_html_wrapper, strip_image_tags
 from modules.logging_colors import logger
 from modules.text_generation import stop_everything_event
 
 PARAMETER_KEYS = ["max_new_tokens", "temperature", "top_p", "truncation_length"]
 
 
+def extension_input_keys() -> list[str]:
+    """State keys of the registered per-message extension inputs, in registration order."""
+    return list(shared.gradio.get("extension_inputs", {}))
+
+
 def build_state(history: dict, *values) -> dict:
+    """A generation `state`: settings, then PARAMETER_KEYS values, then extension input values.
+
+    `values` are the parameter components' values in PARAMETER_KEYS order, optionally followed by
+    one value per `extension_input_keys()` (the Regenerate button passes only the parameters).
+    """
+    n_params, keys = len(PARAMETER_KEYS), extension_input_keys()
+    if len(values) not in (n_params, n_params + len(keys)):
+        raise ValueError(f"build_state got {len(values)} values; expected {n_params} parameters "
+                         f"({', '.join(PARAMETER_KEYS)}) plus 0 or {len(keys)} extension inputs ({', '.join(keys)})")
     state = dict(shared.settings)
-    state.update(zip(PARAMETER_KEYS, values))
+    state.update(zip(PARAMETER_KEYS, values[:n_params]))
     state["max_new_tokens"] = int(state["max_new_tokens"])
     state["truncation_length"] = int(state["truncation_length"])
+    state.update(zip(keys, values[n_params:]))
     state["history"] = history
+    state["notices"] = []
     return state
 
 
-def generate(text: str, history: dict, *values, regenerate: bool = False):
-    """Streams (display html, history) pairs; errors end up as a notice, never losing the history."""
+def has_input(text: str, extension_values: tuple) -> bool:
+    return bool(text and text.strip()) or any(bool(v) for v in extension_values)
+
+
+def generate(text: str, history: dict, *values, regenerate: bool = False) -> Iterator[tuple[str, dict]]:
+    """Streams (display html, history) pairs; an error ends it with a notice and the history unchanged."""
     if shared.model is None:
         gr.Warning("No model is loaded: start the server with --model NAME (see models/README.md).")
         yield chat_html_wrapper(history), history
         return
-    state = build_state(history, *values)
-    latest = history
+    if not regenerate and not has_input(text, values[len(PARAMETER_KEYS):]):
+        yield chat_html_wrapper(history), history  # an empty Enter adds no turn
+        return
     try:
+        state = build_state(history, *values)
         for latest in chat.generate_chat_reply(text, state, regenerate=regenerate, for_ui=True):
             yield chat_html_wrapper(latest), latest
-    except Exception as error:
-        logger.error(f"Generation failed:\n{traceback.format_exc()}")
-        gr.Warning(f"Generation failed: {error}")
-        keep = history if latest is None or not latest.get("internal") else latest
-        yield chat_html_wrapper(keep), keep
+    except Exception as error:  # any failure must reach the user and leave the session usable
+        if isinstance(error, ValueError):  # a caller mistake (bad image, prompt too long): no traceback
+            logger.warning(f"Generation refused: {error}")
+        else:
+            logger.error(f"Generation failed:\n{traceback.format_exc()}")
+        message = f"Generation failed: {error}"
+        gr.Warning(message)
+        yield chat_html_wrapper(history, notices=[message]), history
 
 
-def regenerate(history: dict, *values):
+def regenerate(history: dict, *values) -> Iterator[tuple[str, dict]]:
     yield from generate("", history, *values, regenerate=True)
 
 
-def remove_last(history: dict):
+def take_inputs(text: str, *extension_values) -> tuple:
+    """First step of a send: (text, *values) into pending states, then clear the textbox and inputs."""
+    pending = tuple(v if v else None for v in extension_values)
+    return (text, *pending, "", *([None] * len(extension_values)))
+
+
+def remove_last(history: dict) -> tuple[str, dict, str]:
     text, history = chat.remove_last_message(history)
-    return chat_html_wrapper(history), history, text
+    # The user's words go back to the textbox; its images (kilobytes of base64) do not.
+    return chat_html_wrapper(history), history, strip_image_tags(text)
 
 
-def clear_history():
+def clear_history() -> tuple[str, dict]:
     history = chat.new_history()
     return chat_html_wrapper(history), history
 
@@ -70,31 +116,31 @@ def save(history: dict, name: str):
     return gr.update(choices=chat.list_saved_histories(), value=path.stem)
 
 
-def load(history: dict, name: str):
+def load(history: dict, name: str) -> tuple[str, dict]:
     if not name:
         return chat_html_wrapper(history), history
     try:
         loaded = chat.load_history(chat.history_path(name))
     except chat.ChatHistoryError as error:
         gr.Warning(str(error))
-        return chat_html_wrapper(history), history
+        return chat_html_wrapper(history, notices=[str(error)]), history
     return chat_html_wrapper(loaded), loaded
 
 
 def create_chat_tab() -> None:
     g = shared.gradio
     g["history"] = gr.State(chat.new_history())
-    g["display"] = gr.HTML(chat_html_wrapper(chat.new_history()), elem_id="chat-display")
+    g["display"] = gr.HTML(chat_html_wrapper(chat.new_history()), elem_id="chat-display", autoscroll=True)
     with gr.Row():
-        g["textbox"] = gr.Textbox(label="Input", placeholder="Send a message", lines=2, scale=8,
-                                  elem_id="chat-input")
+        g["textbox"] = gr.Textbox(label="Input", placeholder="Send a message (Enter sends, Shift+Enter adds a line)",
+                                  lines=1, max_lines=12, scale=8, elem_id="chat-input")
         with gr.Column(scale=1, min_width=120):
             g["Generate"] = gr.Button("Generate", variant="primary", elem_id="Generate")
             g["Stop"] = gr.Button("Stop", elem_id="stop")
     with gr.Row():
-        g["Regenerate"] = gr.Button("Regenerate", size="sm")
-        g["Remove last"] = gr.Button("Remove last", size="sm")
-        g["Clear history"] = gr.Button("Clear", size="sm")
+        g["Regenerate"] = gr.Button("Regenerate", size="sm", elem_id="Regenerate")
+        g["Remove last"] = gr.Button("Remove last", size="sm", elem_id="Remove-last")
+        g["Clear history"] = gr.Button("Clear", size="sm", elem_id="Clear-history")
     create_parameters()
     create_extensions_block()
     create_save_load()
@@ -116,22 +162,32 @@ def create_save_load() -> None:
     with gr.Accordion("Save / load history", open=False):
         with gr.Row():
             g["save_name"] = gr.Textbox(label="Name", placeholder="leave empty for a timestamp")
-            g["Save history"] = gr.Button("Save")
+            g["Save history"] = gr.Button("Save", elem_id="Save-history")
         with gr.Row():
             g["saved_histories"] = gr.Dropdown(chat.list_saved_histories(), label="Saved histories",
-                                               allow_custom_value=False)
-            g["Load history"] = gr.Button("Load")
+                                               allow_custom_value=False, elem_id="saved-histories")
+            g["Load history"] = gr.Button("Load", elem_id="Load-history")
+
+
+def wire_send(params: list) -> None:
+    """Generate and Enter: read + clear the inputs (queue=False), then stream the reply."""
+    g = shared.gradio
+    ext_inputs = [g["extension_inputs"][key] for key in extension_input_keys()]
+    g["last_input"] = gr.State("")
+    pending = [gr.State(None) for _ in ext_inputs]
+    for trigger in (g["Generate"].click, g["textbox"].submit):
+        trigger(take_inputs, [g["textbox"], *ext_inputs], [g["last_input"], *pending, g["textbox"], *ext_inputs],
+                queue=False, show_progress="hidden").then(
+            generate, [g["last_input"], g["history"], *params, *pending], [g["display"], g["history"]],
+            show_progress="hidden")
 
 
 def wire_events() -> None:
     g = shared.gradio
     params = [g[k] for k in PARAMETER_KEYS]
     display_and_history = [g["display"], g["history"]]
-    g["last_input"] = gr.State("")
-    for trigger in (g["Generate"].click, g["textbox"].submit):
-        trigger(lambda text: (text, ""), g["textbox"], [g["last_input"], g["textbox"]], queue=False).then(
-            generate, [g["last_input"], g["history"], *params], display_and_history)
-    g["Regenerate"].click(regenerate, [g["history"], *params], display_and_history)
+    wire_send(params)
+    g["Regenerate"].click(regenerate, [g["history"], *params], display_and_history, show_progress="hidden")
     g["Stop"].click(stop_everything_event, None, None, queue=False)
     g["Remove last"].click(remove_last, g["history"], [*display_and_history, g["textbox"]])
     g["Clear history"].click(clear_history, None, display_and_history)
@@ -140,14 +196,22 @@ def wire_events() -> None:
 
 
 def create_interface() -> gr.Blocks:
+    """Builds the Blocks (the extensions' `ui()` included) and registers components in shared.gradio."""
+    shared.gradio.clear()
+    shared.gradio["extension_inputs"] = {}
     title = f"Chat · {shared.model_name}"
     with gr.Blocks(title=title, analytics_enabled=False) as interface:
         shared.gradio["interface"] = interface
-        gr.Markdown(f"### {title}")
+        gr.Markdown(f"### {gr_escape(title)}")
         with gr.Tab("Chat"):
             create_chat_tab()
         wire_events()
     return interface
+
+
+def gr_escape(text: str) -> str:
+    """Model folder names are user data: keep Markdown/HTML in them from rendering."""
+    return html.escape(text).replace("*", "\\*").replace("_", "\\_")
 
 
 def interface_css() -> str:

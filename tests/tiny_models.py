@@ -87,8 +87,10 @@ def build_llava(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
     model.save_pretrained(path)
+    # Real llava-hf checkpoints count the CLS token the "default" strategy drops.
     processor = LlavaProcessor(image_processor=image_processor(), tokenizer=tokenizer, patch_size=VISION["patch_size"],
-                               vision_feature_select_strategy="default", chat_template=CHAT_TEMPLATE)
+                               vision_feature_select_strategy="default", chat_template=CHAT_TEMPLATE,
+                               num_additional_image_tokens=1)
     processor.save_pretrained(path)
     return Path(path)
 
@@ -110,7 +112,7 @@ def build_llava_next(path: Path, seed: int = 0) -> Path:
         image_processor=LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                                                 image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]),
         tokenizer=tokenizer, patch_size=VISION["patch_size"], vision_feature_select_strategy="default",
-        chat_template=CHAT_TEMPLATE)
+        chat_template=CHAT_TEMPLATE, num_additional_image_tokens=1)
     processor.save_pretrained(path)
     return Path(path)
 

@@ -35,6 +35,7 @@ class GenerationParams(BaseModel):
     top_k: int | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0)
     ban_eos_token: bool | None = None
+    truncation_length: int | None = Field(None, ge=1)
 
 
 class ChatCompletionRequest(GenerationParams):

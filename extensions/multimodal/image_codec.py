@@ -1,0 +1,172 @@
+"""Image codec: the history's `<img>` tag <-> bytes <-> PIL images.
+
+In: a base64 string found by `IMAGE_TAG_RE`, or raw bytes in any format Pillow reads (older
+histories hold PNG bytes under the jpeg label; the API hands over WebP, GIF, ...).
+Out: upright RGB images (alpha flattened onto white, EXIF orientation applied, first frame of an
+animation), and tags holding real JPEG bytes.
+Every failure to read an image is an `ImageDecodeError` (a `ValueError`) naming the image and the
+cause. This module knows nothing about prompts, tokens or pipelines.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from io import BytesIO
+from typing import Optional
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# The one tag form the extension writes and reads (the technical description requires it exactly).
+IMAGE_TAG_RE = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">')
+TAG_TEMPLATE = '<img src="data:image/jpeg;base64,{}">'
+
+DEFAULT_MAX_PIXELS = 40_000_000
+JPEG_QUALITY = 90
+WHITE = (255, 255, 255)
+# Bumped whenever decoding/normalising changes pixels: it is part of the embedding cache key.
+CODEC_VERSION = "1"
+EXIF_ORIENTATION = 0x0112
+ORIENTATIONS_SWAPPING_AXES = {5, 6, 7, 8}
+ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+HIGH_BIT_DEPTH_MODES = {"I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
+
+
+class ImageDecodeError(ValueError):
+    """An image that cannot be read: bad base64, not an image, truncated, too large, ..."""
+
+
+def ordinal(n: int) -> str:
+    """1 -> '1st', 2 -> '2nd', 11 -> '11th', 23 -> '23rd'."""
+    if 10 <= n % 100 <= 20:
+        return f"{n}th"
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
+
+
+def image_label(index: Optional[int]) -> str:
+    """How errors name an image: `index` is 0-based among the prompt's images, None for a lone image."""
+    return "the image" if index is None else f"the {ordinal(index + 1)} image in the prompt"
+
+
+def b64_to_bytes(b64: str, label: str = "the image") -> bytes:
+    """Strict base64 decoding (length and alphabet checked); never returns empty bytes."""
+    try:
+        data = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ImageDecodeError(f"Cannot read {label}: its base64 data is invalid ({error}, "
+                               f"{len(b64)} characters). Send the image again.") from error
+    if not data:
+        raise ImageDecodeError(f"Cannot read {label}: it holds no bytes. Send the image again.")
+    return data
+
+
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
+    """Open `data` reading only its header: the pixel count is checked before anything is decoded.
+
+    The result is lazy (not `.load()`ed): its `.size` and `.mode` are known, its pixels are not.
+    """
+    if not data:
+        raise ImageDecodeError(f"Cannot read {label}: it holds no bytes (0-byte file).")
+    try:
+        image = Image.open(BytesIO(data))
+    except Image.DecompressionBombError as error:  # Pillow's own guard, left on
+        raise ImageDecodeError(f"Cannot read {label}: {error}") from error
+    except UnidentifiedImageError as error:
+        raise ImageDecodeError(f"Cannot read {label}: its {len(data)} bytes (starting with {data[:8]!r}) are not "
+                               f"an image format Pillow reads. Send a JPEG, PNG, WebP or GIF.") from error
+    except Exception as error:  # Pillow raises many types on hostile headers (its own fuzzers catch Exception)
+        raise ImageDecodeError(f"Cannot read {label}: its {len(data)} bytes (starting with {data[:8]!r}) have a "
+                               f"broken image header ({type(error).__name__}: {error}).") from error
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise ImageDecodeError(f"Cannot read {label}: its size is {width}x{height}.")
+    if width * height > max_pixels:
+        raise ImageDecodeError(
+            f"Cannot read {label}: it is {width}x{height} = {width * height:,} pixels, more than the limit of "
+            f"{max_pixels:,} (the multimodal-max_image_pixels setting). Send a smaller image.")
+    return image
+
+
+def decode_image_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
+    """Any Pillow format -> a loaded, upright RGB image (the first frame of an animation)."""
+    image = open_image(data, max_pixels, label)
+    try:
+        image.load()
+        return to_rgb(ImageOps.exif_transpose(image))
+    except Image.DecompressionBombError as error:
+        raise ImageDecodeError(f"Cannot read {label}: {error}") from error
+    except Exception as error:  # truncated or corrupt data: Pillow raises OSError, ValueError, SyntaxError, ...
+        raise ImageDecodeError(f"Cannot read {label} ({image.format or 'unknown'} {image.size[0]}x{image.size[1]}): "
+                               f"the data is truncated or corrupt ({type(error).__name__}: {error}).") from error
+
+
+def tag_b64_to_image(b64: str, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
+    """The base64 part of an image tag -> a loaded, upright RGB image."""
+    return decode_image_bytes(b64_to_bytes(b64, label), max_pixels, label)
+
+
+def image_for_counting(b64: str, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
+    """An image whose `.size` is the upright size; for a plain JPEG only its header is read.
+
+    For pipelines whose token count depends on the image size: reading a header is cheap. A JPEG
+    keeps its EXIF block in front of the pixels; other formats (older histories) may keep it
+    after them, so those, and JPEGs whose EXIF turns them sideways, are decoded fully.
+    """
+    data = b64_to_bytes(b64, label)
+    image = open_image(data, max_pixels, label)
+    if image.format != "JPEG":
+        return decode_image_bytes(data, max_pixels, label)
+    try:
+        orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # a malformed EXIF block: the full decode reports it properly
+        orientation = None
+    if orientation in ORIENTATIONS_SWAPPING_AXES or orientation is None:
+        return decode_image_bytes(data, max_pixels, label)
+    return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB with transparency flattened onto white (models were trained on opaque images)."""
+    if image.mode in HIGH_BIT_DEPTH_MODES:
+        image = to_8bit_gray(image)
+    has_alpha = image.mode in ALPHA_MODES or "transparency" in image.info
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, WHITE + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def to_8bit_gray(image: Image.Image) -> Image.Image:
+    # Pillow's convert() clips 16-bit values at 255 (a mostly white image); scale them instead.
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode.startswith("I;16") or values.max(initial=0) > 255:
+        values = values / 257.0
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8))
+
+
+def cap_size(image: Image.Image, max_side: Optional[int]) -> Image.Image:
+    """Downscale so the longest side is at most `max_side`; never upscales."""
+    if max_side is None or max(image.size) <= max_side:
+        return image
+    scale = max_side / max(image.size)
+    size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
+    return image.resize(size, Image.Resampling.LANCZOS)
+
+
+def image_to_jpeg_bytes(image: Image.Image, max_side: Optional[int] = None) -> bytes:
+    buffer = BytesIO()
+    cap_size(to_rgb(image), max_side).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue()
+
+
+def image_to_tag(image: Image.Image, max_side: Optional[int] = None) -> str:
+    """A history tag holding real JPEG bytes of `image` (normalised, longest side capped at `max_side`)."""
+    return TAG_TEMPLATE.format(base64.b64encode(image_to_jpeg_bytes(image, max_side)).decode("ascii"))
+
+
+def bytes_to_tag(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: Optional[int] = None,
+                 label: str = "the image") -> str:
+    """Bytes in any Pillow format -> a normalised JPEG tag; raises ImageDecodeError."""
+    return image_to_tag(decode_image_bytes(data, max_pixels, label), max_side)

@@ -1,0 +1,331 @@
+"""Turning a prompt with image tags into the LLM's input ids and input embeddings.
+
+`MultimodalEmbedder.forward(prompt, state, params)` returns `(prompt, input_ids, input_embeds,
+n_images)`: ids `(n,)` int64 and embeddings `(n, hidden)`, in prompt order. Steps, each a method:
+1. `_split_prompt`: alternating text/image parts, image start/end markers added to the text;
+2. `_encode_text`: text through the host's `encode()` (BOS only on the first part), each image as
+   its token count of `placeholder_token_id()`; truncation to `get_max_prompt_length(state)` drops
+   whole leading parts and whole images (a notice in `state['notices']` says how many);
+3. `_remove_old_images`: every image but the last gets `placeholder_embeddings()` (unless
+   `add_all_images_to_prompt`); those images are never decoded;
+4. `_embed`: text through `pipeline.embed_tokens` in one call; images that miss the embedding
+   cache through `pipeline.embed_images` in one batch;
+5. `torch.cat` of all parts.
+It knows nothing about Gradio, chat history or how the model generates.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
+                                                   tensor_nbytes)
+from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, b64_to_bytes, decode_image_bytes,
+                                               image_for_counting, image_label, tag_b64_to_image)
+from extensions.multimodal.pipeline_loader import load_pipeline
+from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
+from modules import shared
+from modules.logging_colors import logger
+from modules.models import model_device
+from modules.text_generation import encode, get_max_prompt_length
+
+__all__ = ["PromptPart", "MultimodalEmbedder", "EmbeddingCountError", "TooManyImagesError", "PromptTooLongError"]
+
+DEFAULT_CACHE_MB = 256
+TEXT_MEMO_BYTES = 8 * 1024 * 1024
+
+
+class EmbeddingCountError(RuntimeError):
+    """A pipeline returned a number of embedding rows that differs from the placeholder tokens."""
+
+
+class TooManyImagesError(ValueError):
+    """More images to embed than the pipeline or the `max_images_per_prompt` setting allows."""
+
+
+class PromptTooLongError(ValueError):
+    """Nothing of the prompt fits in `truncation_length - max_new_tokens`, even after dropping images."""
+
+
+@dataclass
+class EmbedStats:
+    images: int = 0  # images given real embeddings
+    from_cache: int = 0
+    removed_images: int = 0  # dropped by truncation
+    seconds: float = 0.0
+
+
+class MultimodalEmbedder:
+    def __init__(self, params: dict, pipeline: Optional[AbstractMultimodalPipeline] = None):
+        """`params`: the extension's params. `pipeline`: use this one instead of `load_pipeline(params)`."""
+        if pipeline is None:
+            pipeline, _ = load_pipeline(params)
+        self.pipeline = pipeline
+        self.params = params
+        self.cache = BoundedLRU(megabytes(params.get("embedding_cache_mb", DEFAULT_CACHE_MB)))
+        self.text_memo = BoundedLRU(TEXT_MEMO_BYTES)
+        self.last_stats = EmbedStats()
+        self._owner: tuple = (None, None)  # the (model, tokenizer) the caches were filled with
+        self._warned_placeholder_rows = False
+
+    # -- 1. splitting -----------------------------------------------------------------------
+
+    def _split_prompt(self, prompt: str, load_images: bool = False) -> List[PromptPart]:
+        """Alternating text/image parts with markers; `load_images` also decodes every image."""
+        parts = split_prompt(prompt, self.pipeline.image_start(), self.pipeline.image_end())
+        if load_images:
+            for part in parts:
+                if part.is_image:
+                    part.image = tag_b64_to_image(part.b64, self._max_pixels(), image_label(part.index))
+        return parts
+
+    # -- 2. token ids and truncation ----------------------------------------------------------
+
+    def len_in_tokens(self, prompt: str) -> int:
+        """The prompt's length in tokens, images included; decodes no image pixels."""
+        self._reset_caches_if_model_changed()
+        with torch.inference_mode():
+            parts = self._assign_ids(self._split_prompt(prompt), add_bos=True)
+        return sum(n_tokens(part) for part in parts)
+
+    def _encode_text(self, state: dict, parts: List[PromptPart]) -> List[PromptPart]:
+        """Ids for every part, then truncation to `get_max_prompt_length(state)` (never inside an image)."""
+        parts = self._assign_ids(parts, add_bos=bool(state.get("add_bos_token", True)))
+        max_length = get_max_prompt_length(state)
+        total = sum(n_tokens(part) for part in parts)
+        if max_length <= 0:
+            raise PromptTooLongError(
+                f"No room for the prompt: truncation_length ({state['truncation_length']}) - max_new_tokens "
+                f"({state['max_new_tokens']}) = {max_length} tokens. Lower max_new_tokens.")
+        start = self.pipeline.image_start() or ""
+        marker_length = len(self._encode_memo(start, add_bos=False)) if start else 0
+        kept, removed = truncate_parts(parts, max_length, marker_length)
+        if sum(n_tokens(part) for part in kept) == 0:
+            raise PromptTooLongError(
+                f"The prompt ({total} tokens, {count_images(parts)} image(s)) cannot fit in {max_length} tokens "
+                f"(truncation_length - max_new_tokens) even after dropping images. Lower max_new_tokens.")
+        self.last_stats.removed_images = removed
+        if removed:
+            self._notify_removed(state, removed, max_length)
+        return kept
+
+    def _assign_ids(self, parts: List[PromptPart], add_bos: bool) -> List[PromptPart]:
+        embedded = self._images_to_embed(parts)
+        for i, part in enumerate(parts):
+            if part.is_image:
+                count = self._image_token_count(part, part.index in embedded)
+                part.input_ids = self._placeholder_ids(count)
+            else:
+                part.input_ids = self._encode_memo(part.text, add_bos=add_bos and i == 0)
+        return parts
+
+    def _images_to_embed(self, parts: List[PromptPart]) -> set:
+        """Indices of the images that get real embeddings (the others get placeholder embeddings)."""
+        indices = [part.index for part in parts if part.is_image]
+        return set(indices if self.params.get("add_all_images_to_prompt") else indices[-1:])
+
+    def _image_token_count(self, part: PromptPart, embedded: bool) -> int:
+        """Placeholder tokens for an image: `num_image_embeds()`, or per image for pipelines that vary."""
+        if not (embedded and self._varies_per_image()):
+            return int(self.pipeline.num_image_embeds())
+        if part.image is not None:
+            return int(self.pipeline.num_image_embeds_for(part.image))
+        key = ("image tokens", part.b64)  # the prompt is measured many times per turn: count each image once
+        count = self.text_memo.get(key)
+        if count is None:
+            image = image_for_counting(part.b64, self._max_pixels(), image_label(part.index))
+            count = int(self.pipeline.num_image_embeds_for(image))
+            self.text_memo.put(key, count, len(part.b64))
+        return count
+
+    def _varies_per_image(self) -> bool:
+        # Pipelines written for the original extension have no num_image_embeds_for at all; ours
+        # inherit the default, which only repeats num_image_embeds(). (Compared by name: tests reload modules.)
+        method = getattr(type(self.pipeline), "num_image_embeds_for", None)
+        return method is not None and method.__qualname__ != AbstractMultimodalPipeline.num_image_embeds_for.__qualname__
+
+    def _placeholder_ids(self, count: int) -> torch.Tensor:
+        return torch.full((count,), int(self.pipeline.placeholder_token_id()), dtype=torch.int64,
+                          device=model_device())
+
+    def _encode_memo(self, text: str, add_bos: bool) -> torch.Tensor:
+        """`encode(text)[0]`, memoised: a chat prompt is measured many times per turn."""
+        key = (text, add_bos)
+        ids = self.text_memo.get(key)
+        if ids is None:
+            ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64)
+            self.text_memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
+        return ids
+
+    def _notify_removed(self, state: dict, removed: int, max_length: int) -> None:
+        message = (f"Removed {removed} image(s) from the start of the prompt: it did not fit in {max_length} tokens "
+                   f"(truncation_length - max_new_tokens). Lower max_new_tokens or start a new chat to keep them.")
+        logger.warning(f"Multimodal: {message}")
+        state.setdefault("notices", []).append(message)
+
+    # -- 3. older images ------------------------------------------------------------------------
+
+    def _remove_old_images(self, parts: List[PromptPart], params: dict) -> List[PromptPart]:
+        """Every image but the last gets placeholder embeddings, unless `add_all_images_to_prompt`."""
+        if params.get("add_all_images_to_prompt"):
+            return parts
+        older = [part for part in parts if part.is_image][:-1]
+        if not older:
+            return parts
+        with torch.inference_mode():
+            rows = self._placeholder_rows()
+        for part in older:
+            if part.input_ids is not None and n_tokens(part) != rows.shape[0]:
+                self._warn_placeholder_rows(n_tokens(part), rows.shape[0])
+                part.input_ids = self._placeholder_ids(rows.shape[0])
+            part.embedding = rows
+        return parts
+
+    def _placeholder_rows(self) -> torch.Tensor:
+        rows = self.pipeline.placeholder_embeddings()
+        return rows[0] if rows.dim() == 3 and rows.shape[0] == 1 else rows  # (rows, hidden)
+
+    def _warn_placeholder_rows(self, expected: int, got: int) -> None:
+        # MiniGPT-4 and InstructBLIP modules return fewer rows than num_image_embeds(): follow the rows.
+        if not self._warned_placeholder_rows:
+            self._warned_placeholder_rows = True
+            logger.warning(f"Multimodal: pipeline '{self.pipeline.name()}' returns {got} placeholder embedding rows "
+                           f"for an image counted as {expected} tokens; using {got} placeholder ids for older images.")
+
+    def _check_image_limit(self, parts: List[PromptPart], params: dict) -> None:
+        to_embed = sum(1 for part in parts if part.is_image and part.embedding is None)
+        limits = [(params.get("max_images_per_prompt"), "the multimodal-max_images_per_prompt setting")]
+        if hasattr(self.pipeline, "max_images_per_prompt"):
+            limits.append((self.pipeline.max_images_per_prompt(), f"the pipeline '{self.pipeline.name()}'"))
+        for limit, source in limits:
+            if limit is not None and to_embed > int(limit):
+                raise TooManyImagesError(
+                    f"The prompt has {to_embed} images to embed, but {source} allows at most {int(limit)} per prompt. "
+                    f"Send fewer images, or turn off add_all_images_to_prompt so only the last image is embedded.")
+
+    # -- 4. embedding -----------------------------------------------------------------------------
+
+    def _embed(self, parts: List[PromptPart]) -> List[PromptPart]:
+        """Embeddings for every part that has none yet: images in one batch, text in one call."""
+        with torch.inference_mode():
+            self._embed_images([part for part in parts if part.is_image and part.embedding is None])
+            self._embed_text([part for part in parts if not part.is_image])
+        return parts
+
+    def _embed_text(self, parts: List[PromptPart]) -> None:
+        if not parts:
+            return
+        rows = self.pipeline.embed_tokens(torch.cat([part.input_ids for part in parts]))
+        rows = rows[0] if rows.dim() == 3 and rows.shape[0] == 1 else rows  # (text tokens, hidden)
+        for part, embedding in zip(parts, torch.split(rows, [n_tokens(part) for part in parts])):
+            part.embedding = embedding
+
+    def _embed_images(self, parts: List[PromptPart]) -> None:
+        self.last_stats.images = len(parts)
+        if not parts:
+            self.last_stats.from_cache = 0
+            return
+        context = pipeline_context(self.pipeline, self.params)
+        keys = [image_cache_key(self._image_bytes(part), context) for part in parts]
+        found: Dict[str, torch.Tensor] = {}
+        for key in dict.fromkeys(keys):
+            cached = self.cache.get(key)
+            if cached is not None:
+                found[key] = cached
+        self.last_stats.from_cache = sum(1 for key in keys if key in found)
+        misses = {key: part for key, part in zip(keys, parts) if key not in found}  # one per distinct image
+        if misses:
+            found.update(self._embed_misses(misses))
+        for key, part in zip(keys, parts):
+            part.embedding = found[key]
+
+    def _embed_misses(self, misses: Dict[str, PromptPart]) -> Dict[str, torch.Tensor]:
+        parts = list(misses.values())
+        images = [part.image if part.image is not None else
+                  decode_image_bytes(self._image_bytes(part), self._max_pixels(), image_label(part.index))
+                  for part in parts]
+        output = self.pipeline.embed_images(images)
+        rows = split_image_rows(output, [n_tokens(part) for part in parts], self.pipeline.name())
+        fresh = {}
+        for key, embedding in zip(misses, rows):
+            fresh[key] = embedding
+            self.cache.put(key, embedding, tensor_nbytes(embedding))
+        return fresh
+
+    def _image_bytes(self, part: PromptPart) -> bytes:
+        return b64_to_bytes(part.b64, image_label(part.index))
+
+    # -- 5. forward -----------------------------------------------------------------------------
+
+    def forward(self, prompt: str, state: dict, params: dict):
+        """`(prompt, input_ids (n,), input_embeds (n, hidden), number of images kept in the prompt)`."""
+        started = time.perf_counter()
+        self.params = params
+        self.last_stats = EmbedStats()
+        self._reset_caches_if_model_changed()
+        with torch.inference_mode():
+            parts = self._encode_text(state, self._split_prompt(prompt))
+            parts = self._remove_old_images(parts, params)
+            self._check_image_limit(parts, params)
+            parts = self._embed(parts)
+            input_ids, input_embeds = stitch(parts, self.pipeline.name())
+        self.last_stats.seconds = time.perf_counter() - started
+        return prompt, input_ids, input_embeds, count_images(parts)
+
+    def _max_pixels(self) -> int:
+        return int(self.params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)
+
+    def _reset_caches_if_model_changed(self) -> None:
+        owner = (shared.model, shared.tokenizer)
+        if owner[0] is not self._owner[0] or owner[1] is not self._owner[1]:
+            self.cache.clear()
+            self.text_memo.clear()
+            self._owner = owner
+
+
+def split_image_rows(output, counts: Sequence[int], pipeline_name: str) -> List[torch.Tensor]:
+    """`embed_images`' result -> one `(tokens, hidden)` tensor per image, checked against `counts`.
+
+    Accepted: a `(num_images, tokens, hidden)` tensor, a `(total tokens, hidden)` tensor, or a
+    list with one `(tokens, hidden)` tensor per image.
+    """
+    if isinstance(output, torch.Tensor) and output.dim() == 2:
+        if output.shape[0] != sum(counts):
+            raise count_error(pipeline_name, output.shape[0], counts)
+        return list(torch.split(output, list(counts)))
+    per_image = list(output) if isinstance(output, (list, tuple)) or output.dim() == 3 else None
+    if per_image is None or len(per_image) != len(counts):
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else f"{len(per_image or [])} items"
+        raise EmbeddingCountError(f"Pipeline '{pipeline_name}' returned image embeddings of shape {shape} for "
+                                  f"{len(counts)} image(s); expected (images, tokens, hidden) or one tensor per image.")
+    rows = sum(int(embedding.shape[0]) for embedding in per_image)
+    if any(int(embedding.shape[0]) != count for embedding, count in zip(per_image, counts)):
+        raise count_error(pipeline_name, rows, counts)
+    return per_image
+
+
+def count_error(pipeline_name: str, rows: int, counts: Sequence[int]) -> EmbeddingCountError:
+    return EmbeddingCountError(
+        f"Image features and image tokens do not match for pipeline '{pipeline_name}': embed_images() returned "
+        f"{rows} embedding rows for {len(counts)} image(s), but the prompt holds {sum(counts)} placeholder tokens "
+        f"for them ({', '.join(map(str, counts))} per image, from num_image_embeds()). The pipeline's "
+        f"num_image_embeds() and embed_images() disagree: check that it matches the model's vision tower.")
+
+
+def stitch(parts: List[PromptPart], pipeline_name: str):
+    """`torch.cat` of the parts' ids `(n,)` and embeddings `(n, hidden)`, on the text's device and dtype."""
+    reference = next((part.embedding for part in parts if not part.is_image), parts[0].embedding)
+    hidden = reference.shape[-1]
+    for part in parts:
+        if part.embedding.shape[-1] != hidden:
+            raise EmbeddingCountError(f"Pipeline '{pipeline_name}' gives {part.embedding.shape[-1]}-wide embeddings "
+                                      f"for {'an image' if part.is_image else 'text'}, but the text embeddings are "
+                                      f"{hidden}-wide: the pipeline's projector does not match the model.")
+    embeds = torch.cat([part.embedding.to(reference.device, reference.dtype) for part in parts])
+    ids = torch.cat([part.input_ids.to(reference.device) for part in parts])
+    assert ids.shape[0] == embeds.shape[0], (ids.shape, embeds.shape)
+    return ids, embeds

@@ -1,0 +1,137 @@
+"""Finding and loading a multimodal pipeline from the pipeline modules.
+
+A pipeline module is a folder `pipelines/<dir>/` holding `pipelines.py` (no `__init__.py` needed,
+hyphens allowed: it is `git clone`d there). It is imported as
+`extensions.multimodal.pipelines.<dir>.pipelines`, so relative imports inside it work. It offers
+`available_pipelines: List[str]`, `get_pipeline(name, params)` and optionally
+`get_pipeline_from_model_name(model_name, params)` (see DOCS.md).
+
+`load_pipeline(params)` returns `(pipeline, module_dir_name)`: the pipeline named by
+`--multimodal-pipeline`, else the first one a module recognises from the model name; otherwise a
+RuntimeError listing every available pipeline. A module that fails to import is logged with its
+traceback and skipped. This module does not construct models itself; the pipeline modules do.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import List, Optional, Sequence, Tuple
+
+from modules import shared
+from modules.logging_colors import logger
+
+PACKAGE = "extensions.multimodal.pipelines"
+BUILTIN_PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
+MODULE_FILE = "pipelines.py"
+
+
+def pipeline_roots(params: dict) -> List[Path]:
+    """The built-in `pipelines/` folder, then any folders in `params['pipeline_dirs']`."""
+    extra = params.get("pipeline_dirs") or []
+    if isinstance(extra, (str, Path)):
+        extra = [extra]
+    return [BUILTIN_PIPELINES_DIR] + [Path(p).expanduser().resolve() for p in extra]
+
+
+def find_module_dirs(roots: Sequence[Path]) -> List[Path]:
+    """Each `<root>/<dir>/pipelines.py` folder, sorted by name within a root; a name seen twice keeps the first."""
+    found: dict[str, Path] = {}
+    for root in roots:
+        if not Path(root).is_dir():
+            logger.warning(f"Multimodal: pipeline folder {root} does not exist")
+            continue
+        for directory in sorted(Path(root).iterdir()):
+            if not (directory / MODULE_FILE).is_file():
+                continue
+            if "." in directory.name:  # a dot would make it a nested package name
+                logger.warning(f"Multimodal: pipeline module folder {directory} is skipped: rename it without '.'")
+                continue
+            if directory.name in found:
+                logger.warning(f"Multimodal: pipeline module '{directory.name}' in {root} is skipped: "
+                               f"{found[directory.name]} has the same name")
+                continue
+            found[directory.name] = directory
+    return list(found.values())
+
+
+def register_package(name: str, directory: Path) -> None:
+    """Make `name` a package whose submodules are read from `directory` (no `__init__.py` needed)."""
+    existing = sys.modules.get(name)
+    if existing is not None and [Path(p).resolve() for p in getattr(existing, "__path__", [])] == [directory.resolve()]:
+        return  # already imported from this folder (also by a plain `import`): keep its classes
+    for module_name in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module_name]  # a same-named folder elsewhere was loaded before
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = [str(directory)]
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+
+
+def import_pipeline_modules(roots: Sequence[Path]) -> List[ModuleType]:
+    """Import every pipeline module; one that raises is logged with its traceback and skipped."""
+    modules = []
+    for directory in find_module_dirs(roots):
+        package = f"{PACKAGE}.{directory.name}"
+        register_package(package, directory)
+        try:
+            modules.append(importlib.import_module(f"{package}.pipelines"))
+        except Exception:  # third-party code: one broken module must not hide the others
+            logger.error(f"Multimodal: failed to import the pipeline module '{directory.name}' "
+                         f"({directory / MODULE_FILE}), skipping it:\n{traceback.format_exc()}")
+    return modules
+
+
+def module_dir_name(module: ModuleType) -> str:
+    return module.__name__[len(PACKAGE) + 1:-len(".pipelines")]
+
+
+def available_pipelines(modules: Sequence[ModuleType]) -> List[str]:
+    names: List[str] = []
+    for module in modules:
+        names.extend(str(name) for name in getattr(module, "available_pipelines", []))
+    return names
+
+
+def load_pipeline(params: dict, roots: Optional[Sequence[Path]] = None) -> Tuple[object, str]:
+    """The pipeline to use and the folder name of the module that provided it.
+
+    `roots` (tests) replaces the folders searched; by default they come from `pipeline_roots(params)`.
+    """
+    modules = import_pipeline_modules(pipeline_roots(params) if roots is None else roots)
+    requested = shared.args.multimodal_pipeline
+    if requested is not None:
+        found = first_pipeline(modules, "get_pipeline", requested, params)
+        if found is not None:
+            return found
+        raise RuntimeError(f"Multimodal pipeline '{requested}' not found. {describe_available(modules)}")
+    model_name = str(shared.model_name).lower()
+    found = first_pipeline(modules, "get_pipeline_from_model_name", model_name, params)
+    if found is not None:
+        return found
+    raise RuntimeError(f"No multimodal pipeline recognises the model '{shared.model_name}', so none was picked "
+                       f"automatically. Start with --multimodal-pipeline NAME. {describe_available(modules)}")
+
+
+def first_pipeline(modules: Sequence[ModuleType], function_name: str, name: str,
+                   params: dict) -> Optional[Tuple[object, str]]:
+    for module in modules:
+        function = getattr(module, function_name, None)
+        if function is None:  # get_pipeline_from_model_name is optional
+            continue
+        pipeline = function(name, params)
+        if pipeline is not None:
+            logger.info(f"Multimodal: using the pipeline '{pipeline.name()}' from pipelines/{module_dir_name(module)}")
+            return pipeline, module_dir_name(module)
+    return None
+
+
+def describe_available(modules: Sequence[ModuleType]) -> str:
+    names = available_pipelines(modules)
+    if not names:
+        return (f"No pipelines are available: add a pipeline module to {BUILTIN_PIPELINES_DIR} "
+                f"(see extensions/multimodal/DOCS.md), and check the log for modules that failed to import.")
+    return f"Available pipelines: {', '.join(names)}."

@@ -1,0 +1,67 @@
+"""The built-in LLaVA pipeline module: the names it serves and how to pick one.
+
+- Original releases (a CLIP tower plus `mm_projector` weights): llava-7b, llava-13b, llava-llama-2-13b,
+  llava-v1.5-7b, llava-v1.5-13b (`original.py`, one spec per name in `specs.py`).
+- `llava-hf`: transformers LLaVA-family models, whose tower and projector are part of the loaded model (`hf.py`).
+Classes are imported only when a pipeline is built, so listing the names costs nothing.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+ORIGINAL_PIPELINES = ["llava-7b", "llava-13b", "llava-llama-2-13b", "llava-v1.5-7b", "llava-v1.5-13b"]
+available_pipelines = ORIGINAL_PIPELINES + ["llava-hf"]
+
+# Names of LLaVA variants the original pipelines do not serve: seeing one, the name decides nothing.
+OTHER_VARIANT_RE = re.compile(r"v?1[._-]6(?!\d)|next|onevision|interleave|video|llama-?3|mistral|phi|qwen|gemma|-hf\b")
+SIZE_RE = re.compile(r"(?<![\d.])(7|13)b(?![a-z0-9])")
+V15_RE = re.compile(r"v1[._-]5(?![\d])|llava-1[._-]5(?![\d])")
+LLAMA2_RE = re.compile(r"llama-?2(?![\d])")
+
+
+def get_pipeline(name: str, params: dict):
+    """The pipeline called `name`, or None when this module does not provide it."""
+    if name == "llava-hf":
+        from .hf import LlavaHfPipeline
+
+        return LlavaHfPipeline(params)
+    if name in ORIGINAL_PIPELINES:
+        from .original import OriginalLlavaPipeline
+        from .specs import get_spec
+
+        return OriginalLlavaPipeline(get_spec(name), params)
+    return None
+
+
+def pipeline_name_for(model_name: str) -> Optional[str]:
+    """The original pipeline a model name clearly belongs to (LLaVA, size and version all given), else None."""
+    name = Path(model_name).name.lower()  # the folder's own name, not the folders above it
+    size = SIZE_RE.search(name)
+    if "llava" not in name or size is None:
+        return None
+    size_tag = f"{size.group(1)}b"
+    if OTHER_VARIANT_RE.search(name):
+        return None
+    if V15_RE.search(name):
+        return f"llava-v1.5-{size_tag}"
+    if LLAMA2_RE.search(name):
+        return "llava-llama-2-13b" if size_tag == "13b" else None
+    return f"llava-{size_tag}"  # v0: the first release carried no version in its name
+
+
+def get_pipeline_from_model_name(model_name: str, params: dict):
+    """A pipeline when the choice is certain: a loaded transformers LLaVA model gives `llava-hf`, an
+    original checkpoint's name gives its release. Otherwise None (the user passes --multimodal-pipeline)."""
+    from modules import shared
+
+    if shared.model is not None:
+        from .hf import is_llava_hf_model
+
+        if is_llava_hf_model(shared.model):
+            return get_pipeline("llava-hf", params)
+        if getattr(shared.model.config, "model_type", None) not in ("llama", "llava_llama"):
+            return None  # original LLaVA releases are Llama language models
+    name = pipeline_name_for(model_name)
+    return get_pipeline(name, params) if name is not None else None

@@ -1,0 +1,175 @@
+"""Running the host's blocking `generate_reply` for an async request, and turning replies into deltas.
+
+`GenerationRun` iterates a reply generator in its own thread (so a request waiting for
+`shared.generation_lock` holds no event-loop time) and hands each cumulative reply to the event
+loop. Cancelling it - the client went away - makes the thread close the generator at the next
+reply, which stops `model.generate` and releases the lock.
+This module knows nothing about HTTP bodies or the OpenAI response format.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable, Iterator
+
+from starlette.requests import Request
+
+from modules import chat, shared
+from modules.api.errors import APIError
+from modules.api.prompts import ChatInput
+from modules.api.schemas import GenerationParams
+from modules.extensions import apply_extensions
+from modules.logging_colors import logger
+from modules.text_generation import generate_reply
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected; the generation was cancelled."""
+
+
+def build_state(params: GenerationParams) -> dict[str, Any]:
+    """`dict(shared.settings)` with the request's overrides; temperature 0 means greedy."""
+    state = dict(shared.settings)
+    state.update(history=chat.new_history(), notices=[], stream=params.stream)
+    if params.truncation_length is not None:
+        state["truncation_length"] = params.truncation_length
+    max_tokens = params.max_completion_tokens or params.max_tokens
+    if max_tokens is not None:
+        state["max_new_tokens"] = max_tokens
+    if state["max_new_tokens"] >= state["truncation_length"]:
+        raise APIError(422, f"max_tokens ({state['max_new_tokens']}) must be below the context length "
+                            f"({state['truncation_length']} tokens), leaving room for the prompt",
+                       param="max_tokens", code="invalid_parameter")
+    if params.temperature is not None:
+        state["temperature"] = params.temperature
+        state["do_sample"] = params.temperature > 0
+    for key in ("top_p", "top_k", "repetition_penalty", "ban_eos_token"):
+        if getattr(params, key) is not None:
+            state[key] = getattr(params, key)
+    state["seed"] = -1 if params.seed is None else params.seed
+    return state
+
+
+def request_stops(params: GenerationParams) -> list[str]:
+    stop = params.stop
+    return [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
+
+
+def chat_replies(chat_in: ChatInput, state: dict, stops: list[str]) -> Iterator[str]:
+    """The chat path of `chatbot_wrapper` without the UI's visible history: cumulative reply texts."""
+    state["system_message"] = chat_in.system_message or state.get("system_message", "")
+    state.update(apply_extensions("state", state))  # keep one dict: the caller reads its generation_stats
+    text = chat_in.user_input
+    if not chat_in.continue_last:
+        text = apply_extensions("input", text, state, is_chat=True)
+    kwargs = {"_continue": chat_in.continue_last, "history": chat_in.history}
+    prompt = apply_extensions("custom_generate_chat_prompt", text, state, **kwargs)
+    if prompt is None:
+        prompt = chat.generate_chat_prompt(text, state, **kwargs)
+    stopping = chat.get_stopping_strings(state) + stops
+    for reply in generate_reply(prompt, state, stopping_strings=stopping, is_chat=True):
+        yield reply if chat_in.continue_last else reply.lstrip(" ")
+
+
+def completion_replies(prompt: str, state: dict, stops: list[str]) -> Iterator[str]:
+    yield from generate_reply(prompt, state, stopping_strings=stops, is_chat=False)
+
+
+class GenerationRun:
+    """One generation in a worker thread. Items: ('reply', text), ('done', None), ('error', exception)."""
+
+    def __init__(self, replies: Callable[[], Iterator[str]], state: dict, poll_s: float):
+        self.loop = asyncio.get_running_loop()
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.state = state
+        self.poll_s = poll_s
+        self._getter: asyncio.Future | None = None
+        self.thread = threading.Thread(target=self._work, args=(replies,), daemon=True, name="api-generation")
+        self.thread.start()
+
+    def _work(self, make_replies: Callable[[], Iterator[str]]) -> None:
+        replies = None
+        try:
+            replies = make_replies()
+            for reply in replies:
+                if self.cancelled.is_set():
+                    replies.close()  # stops generate_reply's model thread and releases the lock
+                    stats = self.state.get("generation_stats", {})
+                    logger.info(f"API client disconnected: generation stopped after "
+                                f"{stats.get('completion_tokens', 0)} tokens; the lock is free")
+                    return
+                self._put(("reply", reply))
+            self._put(("done", None))
+        except Exception as error:  # handed to the request, which answers with a status code
+            self._put(("error", error))
+        finally:
+            if replies is not None:
+                replies.close()
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the event loop closed (server shutting down): nobody is listening
+            self.cancelled.set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self._getter is not None:
+            self._getter.cancel()
+
+    async def next_item(self, request: Request) -> tuple[str, Any]:
+        """The next item; raises ClientGone (and cancels) when the client disconnects meanwhile."""
+        while True:
+            # One pending get() across polls: cancelling a get() that just got an item would drop it.
+            if self._getter is None:
+                self._getter = asyncio.ensure_future(self.items.get())
+            done, _ = await asyncio.wait({self._getter}, timeout=self.poll_s)
+            if done:
+                item, self._getter = self._getter.result(), None
+                return item
+            if await request.is_disconnected():
+                self.cancel()
+                raise ClientGone()
+
+    async def final_reply(self, request: Request) -> str:
+        """Waits for the whole generation; raises its error, or ClientGone."""
+        reply = ""
+        while True:
+            kind, value = await self.next_item(request)
+            if kind == "reply":
+                reply = value
+            elif kind == "done":
+                return reply
+            else:
+                raise value
+
+
+class DeltaTracker:
+    """Cumulative replies -> the new text of each step, for streaming."""
+
+    def __init__(self):
+        self.sent = ""
+
+    def step(self, reply: str, final: bool = False) -> str:
+        if not final:
+            # A multi-byte character split across tokens decodes to U+FFFD until its last byte arrives.
+            reply = reply.rstrip("\ufffd")
+        if not reply.startswith(self.sent):
+            # An output extension rewrote text we already sent; SSE cannot take it back.
+            logger.warning("API stream: the reply changed text already sent; sending only what follows it")
+            delta = reply[len(self.sent):]
+            self.sent += delta
+            return delta
+        delta, self.sent = reply[len(self.sent):], reply
+        return delta
+
+
+def generation_error(error: Exception) -> APIError:
+    """Caller mistakes (ValueError, per the extension contract) -> 400; anything else -> 500."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, ValueError):
+        return APIError(400, str(error), code="invalid_request")
+    logger.error("API generation failed", exc_info=error)
+    return APIError(500, f"Generation failed: {type(error).__name__}: {error}", code="generation_failed")

@@ -1,0 +1,152 @@
+"""Image URLs -> bytes: data URLs, and http(s) URLs fetched with server-side request forgery guards.
+
+Remote fetches resolve the host name here, refuse the request unless `config.address_allowed`
+accepts every resolved address, then connect to the checked address itself (so a second DNS
+answer cannot swap in 127.0.0.1). Redirects are followed by hand, each hop checked the same way.
+The whole fetch has one deadline and the body one byte cap. `trust_env=False` keeps proxy
+variables from routing around the address check. This module does not decode images.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
+
+import anyio
+import httpx
+
+from modules.api.config import APIConfig, IPAddress
+from modules.api.errors import APIError
+
+PRIVATE_HINT = "start the server with --api-allow-private-urls to allow private addresses"
+
+
+async def fetch_image_bytes(url: str, config: APIConfig) -> bytes:
+    """The bytes behind a `data:` or `http(s)://` URL. Raises APIError (400 or 413)."""
+    if not isinstance(url, str) or not url:
+        raise APIError(400, "An image_url must be a non-empty string (a data URL or an http(s) URL)")
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "data":
+        return decode_data_url(url, config.max_image_bytes)
+    if scheme not in ("http", "https"):
+        raise APIError(400, f"Unsupported image URL scheme {scheme or '(none)'!r} in {shorten(url)}: "
+                            f"send a data URL (data:image/png;base64,...) or an http(s) URL")
+    try:
+        with anyio.fail_after(config.fetch_timeout_s):
+            return await fetch_remote(url, config)
+    except TimeoutError:
+        raise APIError(400, f"Fetching the image {shorten(url)} took longer than {config.fetch_timeout_s:g} s") from None
+
+
+def decode_data_url(url: str, max_bytes: int) -> bytes:
+    """`data:[<media type>][;base64],<payload>`; the decoded size is checked before decoding."""
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise APIError(400, f"Malformed data URL {shorten(url)}: no ',' between the header and the data")
+    media_type = header[len("data:"):].split(";", 1)[0].strip().lower()
+    if media_type and not (media_type.startswith("image/") or media_type == "application/octet-stream"):
+        raise APIError(400, f"The data URL holds {media_type!r}, not an image")
+    if not header.lower().endswith(";base64"):
+        data = unquote_to_bytes(payload)
+    else:
+        payload = "".join(payload.split())  # some clients wrap base64 lines
+        if len(payload) // 4 * 3 > max_bytes:
+            raise too_large(f"The data URL image (about {len(payload) // 4 * 3} bytes)", max_bytes)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error as error:
+            raise APIError(400, f"The data URL's base64 payload cannot be decoded: {error}") from None
+    if len(data) > max_bytes:
+        raise too_large(f"The data URL image ({len(data)} bytes)", max_bytes)
+    if not data:
+        raise APIError(400, "The data URL holds no data")
+    return data
+
+
+@dataclass
+class Target:
+    """Where one hop connects: the checked address, with the original name for Host and TLS."""
+    url: httpx.URL  # the original URL with its host replaced by the checked address
+    host: str
+    host_header: str
+
+
+async def fetch_remote(url: str, config: APIConfig) -> bytes:
+    async with httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                 timeout=httpx.Timeout(config.fetch_timeout_s)) as client:
+        for _ in range(config.max_redirects + 1):
+            target = await checked_target(url, config)
+            request = client.build_request("GET", target.url, headers={"Host": target.host_header, "Accept": "image/*"},
+                                           extensions={"sni_hostname": target.host})
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.HTTPError as error:
+                raise APIError(400, f"Cannot fetch the image {shorten(url)}: {type(error).__name__}: {error}") from None
+            try:
+                if response.is_redirect:
+                    url = str(httpx.URL(url).join(response.headers["location"]))
+                    continue
+                if response.status_code != 200:
+                    raise APIError(400, f"Fetching the image {shorten(url)} answered HTTP {response.status_code}")
+                return await read_capped(response, config.max_image_bytes, url)
+            finally:
+                await response.aclose()
+    raise APIError(400, f"The image URL redirected more than {config.max_redirects} times")
+
+
+async def checked_target(url: str, config: APIConfig) -> Target:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        raise APIError(400, f"Invalid image URL {shorten(url)}: {error}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise APIError(400, f"The image URL led to the unsupported scheme {parsed.scheme!r} ({shorten(url)}); "
+                            f"only http and https are fetched")
+    if not parsed.host:
+        raise APIError(400, f"The image URL {shorten(url)} names no host")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    addresses = await resolve(parsed.host, port)
+    refused = [ip for ip in addresses if not config.address_allowed(ip, port)]
+    if refused:
+        raise APIError(400, f"Refused to fetch {shorten(url)}: {parsed.host} resolves to {refused[0]}, a loopback, "
+                            f"private, link-local or reserved address (server-side request forgery guard); "
+                            f"{PRIVATE_HINT}", code="url_not_allowed")
+    netloc = parsed.netloc.decode("ascii")
+    return Target(url=parsed.copy_with(host=str(addresses[0])), host=parsed.host, host_header=netloc)
+
+
+async def resolve(host: str, port: int) -> list[IPAddress]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise APIError(400, f"Cannot resolve the image URL host {host!r}: {error}") from None
+    # ip_address() refuses the scope suffix of a link-local IPv6 answer ("fe80::1%eth0").
+    return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos))
+
+
+async def read_capped(response: httpx.Response, max_bytes: int, url: str) -> bytes:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large(f"The image at {shorten(url)} ({declared} bytes)", max_bytes)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(f"The image at {shorten(url)} (more than {max_bytes} bytes)", max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(what: str, max_bytes: int) -> APIError:
+    return APIError(413, f"{what} is larger than the {max_bytes}-byte limit for one image", code="image_too_large")
+
+
+def shorten(url: str, keep: int = 80) -> str:
+    return url if len(url) <= keep else f"{url[:keep]}..."

@@ -1,0 +1,101 @@
+"""A live API server for tests: the real app under uvicorn on a free 127.0.0.1 port, in a thread.
+
+The model comes from `tests/host_helpers.load`, so requests run through the host exactly as in
+production; nothing is mocked. `start_api(config)` returns a `LiveAPI` with `.url`, `.client()`
+(the official `openai` package) and `.post()` (raw httpx, for malformed bodies and status codes).
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+from PIL import Image, ImageDraw
+
+from modules import shared
+from modules.api.config import APIConfig
+from modules.api.server import BackgroundServer, create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveAPI:
+    server: BackgroundServer
+    api_key: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}/v1"
+
+    def client(self, **kwargs) -> openai.OpenAI:
+        kwargs.setdefault("api_key", self.api_key or "unused")
+        return openai.OpenAI(base_url=self.url, max_retries=0, timeout=60, **kwargs)
+
+    def post(self, path: str, **kwargs) -> httpx.Response:
+        headers = kwargs.pop("headers", {})
+        if self.api_key:
+            headers.setdefault("Authorization", f"Bearer {self.api_key}")
+        return httpx.post(f"{self.url}{path}", headers=headers, timeout=60, **kwargs)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def start_api(config: APIConfig | None = None) -> LiveAPI:
+    config = config or APIConfig(disconnect_poll_s=0.05)
+    server = BackgroundServer(create_app(config), "127.0.0.1", free_port()).start()
+    return LiveAPI(server, config.api_key)
+
+
+def wait_until_unlocked(timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while shared.generation_lock.locked():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def image_bytes(colour: str = "red", shape: str = "circle", size: int = 32, fmt: str = "PNG") -> bytes:
+    """A picture of one coloured shape on white."""
+    image = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(image)
+    box = (size // 6, size // 6, size - size // 6, size - size // 6)
+    if shape == "circle":
+        draw.ellipse(box, fill=colour)
+    elif shape == "square":
+        draw.rectangle(box, fill=colour)
+    else:
+        draw.polygon([(size // 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=colour)
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def llava_with_cls_token(src: Path, dst: Path) -> Path:
+    """A copy of the tiny llava-hf fixture whose processor counts the CLIP CLS position
+    (`num_additional_image_tokens: 1`, as in every real llava-hf checkpoint). Without it the processor
+    writes one `<image>` token fewer than the vision tower gives features (tests/test_llava_hf.py does the same)."""
+    if not dst.exists():
+        shutil.copytree(src, dst)
+        config_file = dst / "processor_config.json"
+        config = json.loads(config_file.read_text())
+        config["num_additional_image_tokens"] = 1
+        config_file.write_text(json.dumps(config, indent=2))
+    return dst

@@ -1,0 +1,350 @@
+"""Hostile input to the API: each case gets its status code and OpenAI-shaped error, and the next
+normal request still succeeds (no leaked lock, no stuck worker).
+
+Remote images come from `tests/image_server.py` on 127.0.0.1. The address check is injected
+(`APIConfig.address_allowed`) so one API instance accepts exactly that server's port while every
+other loopback/private address - including redirect targets - stays refused.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from modules import shared
+from modules.api.config import APIConfig, is_public_address
+from modules.api.errors import APIError
+from modules.api.image_fetch import fetch_image_bytes
+from tests import api_helpers, host_helpers
+from tests.image_server import BIG_BYTES, ImageServer
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_MULTIMODAL = (ROOT / "extensions" / "multimodal" / "script.py").exists()
+GREEDY = {"model": "any", "temperature": 0, "max_tokens": 6}
+HELLO = {"messages": [{"role": "user", "content": "Hello"}], **GREEDY}
+PNG = api_helpers.image_bytes("red", "circle")
+
+
+def allow_only_port(port: int):
+    """Public addresses, plus 127.0.0.1:port (the test image server) and nothing else local."""
+    def allowed(ip, p: int) -> bool:
+        return is_public_address(ip, p) or (ip == ipaddress.ip_address("127.0.0.1") and p == port)
+    return allowed
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    server = ImageServer(PNG).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_api(llama_dir):
+    saved = host_helpers.snapshot()
+    host_helpers.load(llama_dir)
+    api = api_helpers.start_api()
+    yield api
+    api.stop()
+    host_helpers.restore(saved)
+
+
+@pytest.fixture(scope="module")
+def llava_apis(llava_dir, image_server, tmp_path_factory):
+    """(default API, API that may fetch from the test image server only, with a 1 s timeout and small caps)."""
+    if not HAS_MULTIMODAL:
+        pytest.skip("extensions/multimodal/script.py not written yet")
+    saved = host_helpers.snapshot()
+    model_dir = api_helpers.llava_with_cls_token(llava_dir, tmp_path_factory.mktemp("api") / "tiny-llava-hf")
+    host_helpers.load(model_dir, ["multimodal"])
+    apis = (api_helpers.start_api(),
+            api_helpers.start_api(APIConfig(address_allowed=allow_only_port(image_server.port), disconnect_poll_s=0.05,
+                                            fetch_timeout_s=1.0, max_image_bytes=BIG_BYTES // 2)))
+    yield apis
+    for api in apis:
+        api.stop()
+    host_helpers.restore(saved)
+
+
+def assert_error(response: httpx.Response, status: int, *words: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    for word in words:
+        assert word in error["message"], error["message"]
+    return error
+
+
+def assert_still_serving(api: api_helpers.LiveAPI) -> None:
+    assert api_helpers.wait_until_unlocked(), "the generation lock leaked"
+    response = api.post("/chat/completions", json=HELLO)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def image_body(url: str) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                      {"type": "image_url", "image_url": {"url": url}}]}], **GREEDY}
+
+
+# -- Malformed requests ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, words", [
+    (b"{", ["not valid JSON"]),
+    (b"", ["not valid JSON"]),
+    (b"\xff\xfe garbage", ["not valid JSON"]),
+    (b"[1, 2]", ["must be a JSON object", "list"]),
+    (b"null", ["must be a JSON object"]),
+])
+def test_malformed_json_is_400(llama_api, body, words):
+    response = llama_api.post("/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert_error(response, 400, *words)
+    assert_still_serving(llama_api)
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 10**6}, "max_tokens"),
+    ({"max_tokens": "10"}, "max_tokens"),
+    ({"n": 2}, "n"),
+    ({"stream": "yes"}, "stream"),
+    ({"stop": 5}, "stop"),
+    ({"seed": 1.5}, "seed"),
+    ({"messages": "Hello"}, "messages"),
+    ({"messages": []}, "messages"),
+])
+def test_invalid_parameters_are_422(llama_api, change, param):
+    response = llama_api.post("/chat/completions", json={**HELLO, **change})
+    error = assert_error(response, 422, param)
+    assert error["param"] == param or error["param"].startswith(param)
+    assert_still_serving(llama_api)
+
+
+@pytest.mark.parametrize("messages, words", [
+    ([{"role": "user", "content": 42}], ["messages[0].content", "int"]),
+    ([{"role": "user", "content": ["just a string"]}], ["content[0]", "str"]),
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], ["'input_audio'", "'text'"]),
+    ([{"role": "user", "content": [{"type": "text"}]}], ["text part"]),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 7}}]}], ["image_url"]),
+    ([{"role": "user", "content": [{"type": "image_url"}]}], ["image_url"]),
+    ([{"role": "tool", "content": "x"}], ["unsupported role 'tool'"]),
+    ([{"content": "x"}], ["unsupported role None"]),
+    ([{"role": "user"}], ["needs a 'content'"]),
+    ([{"role": "system", "content": "only a system message"}], ["no user or assistant"]),
+    ([{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}],
+     ["user messages only"]),
+])
+def test_malformed_messages_are_400(llama_api, messages, words):
+    response = llama_api.post("/chat/completions", json={**GREEDY, "messages": messages})
+    assert_error(response, 400, *words)
+    assert_still_serving(llama_api)
+
+
+def test_completions_take_one_prompt(llama_api):
+    assert_error(llama_api.post("/completions", json={"prompt": ["a", "b"], **GREEDY}), 422, "2 prompts")
+    assert llama_api.post("/completions", json={"prompt": ["a"], **GREEDY}).status_code == 200
+
+
+def test_huge_bodies_are_413(llama_api):
+    huge = json.dumps({**HELLO, "messages": [{"role": "user", "content": "x" * (21 * 1024 * 1024)}]}).encode()
+    assert_error(llama_api.post("/chat/completions", content=huge), 413, "20971520-byte limit")
+
+    def chunks():  # no Content-Length: the cap is enforced while reading
+        for _ in range(22):
+            yield b"x" * (1024 * 1024)
+    assert_error(llama_api.post("/completions", content=chunks()), 413, "limit")
+    assert_still_serving(llama_api)
+
+
+def test_unknown_routes_are_404(llama_api):
+    for method, path in (("GET", "/v1/nope"), ("POST", "/v1/engines/x/completions"), ("GET", "/")):
+        response = httpx.request(method, llama_api.url.removesuffix("/v1") + path)
+        assert_error(response, 404, "Unknown route")
+    assert_error(httpx.get(f"{llama_api.url}/chat/completions"), 405)
+    assert_still_serving(llama_api)
+
+
+# -- Remote image URLs, at the fetch layer (no model needed) ----------------------------------------
+
+def fetch(url: str, config: APIConfig | None = None) -> bytes:
+    return asyncio.run(fetch_image_bytes(url, config or APIConfig()))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "0x7f000001", "2130706433", "127.1",
+                                  "[::ffff:127.0.0.1]", "169.254.169.254", "10.0.0.1", "192.168.1.1", "0.0.0.0"])
+def test_local_and_private_addresses_are_refused(image_server, host):
+    before = len(image_server.requests)
+    with pytest.raises(APIError) as raised:
+        fetch(f"http://{host}:{image_server.port}/image.png")
+    assert raised.value.status == 400 and "request forgery" in raised.value.message
+    assert "--api-allow-private-urls" in raised.value.message
+    assert len(image_server.requests) == before, "refused before connecting"
+
+
+def test_allowed_address_fetches_the_bytes(image_server):
+    assert fetch(image_server.url("/image.png"), APIConfig(address_allowed=allow_only_port(image_server.port))) == PNG
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1:{other}/image.png", "http://169.254.169.254/latest/meta-data",
+                                    "http://[::1]:{port}/image.png", "https://10.1.2.3/x.png", "file:///etc/passwd",
+                                    "ftp://127.0.0.1:{port}/image.png"])
+def test_redirects_are_checked_again(image_server, target):
+    config = APIConfig(address_allowed=allow_only_port(image_server.port))
+    target = target.format(port=image_server.port, other=image_server.port + 1)
+    with pytest.raises(APIError) as raised:
+        fetch(image_server.url(f"/redirect?to={target}"), config)
+    assert raised.value.status == 400
+    assert "request forgery" in raised.value.message or "unsupported scheme" in raised.value.message
+    # A redirect to an allowed place still works, through several hops.
+    hop = image_server.url("/image.png")
+    for _ in range(3):
+        hop = image_server.url(f"/redirect?to={hop}")
+    assert fetch(hop, config) == PNG
+
+
+def test_redirect_loops_stop(image_server):
+    config = APIConfig(address_allowed=allow_only_port(image_server.port), max_redirects=2)
+    url = image_server.url("/image.png")
+    for _ in range(3):
+        url = image_server.url(f"/redirect?to={url}")
+    with pytest.raises(APIError, match="more than 2 times"):
+        fetch(url, config)
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/a.png", "gopher://example.com/",
+                                 "javascript:alert(1)", "/relative.png", "example.com/a.png"])
+def test_unsupported_schemes_are_refused(url):
+    with pytest.raises(APIError, match="Unsupported image URL scheme") as raised:
+        fetch(url)
+    assert raised.value.status == 400
+
+
+def test_slow_remote_image_times_out(image_server):
+    config = APIConfig(address_allowed=allow_only_port(image_server.port), fetch_timeout_s=0.5)
+    with pytest.raises(APIError, match="longer than 0.5 s"):
+        fetch(image_server.url("/slow"), config)
+
+
+@pytest.mark.parametrize("path", ["/big", "/big-declared"])
+def test_oversized_remote_image_is_413(image_server, path):
+    config = APIConfig(address_allowed=allow_only_port(image_server.port), max_image_bytes=BIG_BYTES // 2)
+    with pytest.raises(APIError) as raised:
+        fetch(image_server.url(path), config)
+    assert raised.value.status == 413 and "limit" in raised.value.message
+
+
+def test_data_urls_are_capped_and_checked():
+    url = api_helpers.data_url(b"\0" * 4096)
+    with pytest.raises(APIError) as raised:
+        fetch(url, APIConfig(max_image_bytes=1024))
+    assert raised.value.status == 413
+    assert fetch(url, APIConfig(max_image_bytes=8192)) == b"\0" * 4096
+    for bad, words in (("data:image/png;base64,@@@", "cannot be decoded"), ("data:image/png;base64", "no ','"),
+                       ("data:text/html;base64,PGI+", "not an image"), ("data:image/png;base64,", "no data")):
+        with pytest.raises(APIError, match=words):
+            fetch(bad)
+
+
+# -- Through the API with the multimodal extension ------------------------------------------------------
+
+def test_loopback_url_is_refused_by_default(llava_apis, image_server):
+    default_api, _ = llava_apis
+    before = len(image_server.requests)
+    error = assert_error(default_api.post("/chat/completions", json=image_body(image_server.url("/image.png"))), 400,
+                         "request forgery")
+    assert error["code"] == "url_not_allowed"
+    assert len(image_server.requests) == before
+    assert_still_serving(default_api)
+
+
+def test_remote_fetch_failures_map_to_status_codes(llava_apis, image_server):
+    _, api = llava_apis
+    cases = [("/slow", 400, "longer than"), ("/big", 413, "limit"), ("/big-declared", 413, "limit"),
+             ("/missing.png", 400, "HTTP 404"),
+             (f"/redirect?to=http://127.0.0.1:{image_server.port + 1}/image.png", 400, "request forgery"),
+             ("/redirect?to=file:///etc/passwd", 400, "unsupported scheme")]
+    for path, status, words in cases:
+        assert_error(api.post("/chat/completions", json=image_body(image_server.url(path))), status, words)
+        assert_still_serving(api)
+    for url in ("file:///etc/passwd", "ftp://127.0.0.1/x.png"):
+        assert_error(api.post("/chat/completions", json=image_body(url)), 400, "Unsupported image URL scheme")
+    assert_error(api.post("/chat/completions", json=image_body(api_helpers.data_url(b"\0" * BIG_BYTES))), 413)
+    assert_still_serving(api)
+
+
+def test_undecodable_image_is_400(llava_apis):
+    default_api, _ = llava_apis
+    for data in (b"this is not an image", PNG[:40]):
+        error = assert_error(default_api.post("/chat/completions", json=image_body(api_helpers.data_url(data))), 400)
+        assert error["code"] == "invalid_image"
+    assert_still_serving(default_api)
+
+
+def test_remote_image_equals_the_same_data_url(llava_apis, image_server):
+    _, api = llava_apis
+    by_url = api.post("/chat/completions", json=image_body(image_server.url("/image.png")))
+    by_data = api.post("/chat/completions", json=image_body(api_helpers.data_url(PNG)))
+    assert by_url.status_code == by_data.status_code == 200, by_url.text
+    assert by_url.json()["choices"] == by_data.json()["choices"]
+    assert by_url.json()["usage"] == by_data.json()["usage"]
+
+
+def test_pipeline_failure_is_500_and_frees_the_lock(llava_apis, monkeypatch):
+    import extensions.multimodal.script as multimodal
+
+    default_api, _ = llava_apis
+    pipeline = multimodal.embedder().pipeline
+
+    def out_of_memory(images):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+
+    monkeypatch.setattr(pipeline, "embed_images", out_of_memory)
+    fresh = api_helpers.data_url(api_helpers.image_bytes("purple", "square"))  # not in the embedding cache
+    for stream in (False, True):
+        response = default_api.post("/chat/completions", json={**image_body(fresh), "stream": stream})
+        error = assert_error(response, 500, "OutOfMemoryError", "simulated")
+        assert error["type"] == "server_error"
+        assert not shared.generation_lock.locked()
+    monkeypatch.undo()
+    assert_still_serving(default_api)
+
+
+def test_disconnect_mid_stream_frees_the_lock(llama_api):
+    body = {"messages": [{"role": "user", "content": "Hello"}], "stream": True, "max_tokens": 900,
+            "temperature": 0, "ban_eos_token": True}
+    with httpx.stream("POST", f"{llama_api.url}/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())
+        assert shared.generation_lock.locked()
+    assert_still_serving(llama_api)
+
+
+def test_a_waiting_client_that_leaves_stops_its_generation(llama_api, caplog):
+    """A non-streaming request whose client hangs up mid-generation stops at the next token."""
+    body = json.dumps({"prompt": "Hello world", "max_tokens": 900, "temperature": 0, "ban_eos_token": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with caplog.at_level(logging.INFO, logger="text-generation-webui"):
+        with socket.create_connection(("127.0.0.1", llama_api.server.port)) as raw:
+            raw.sendall(head + body)
+            for _ in range(500):  # until the generation holds the lock
+                if shared.generation_lock.locked():
+                    break
+                time.sleep(0.01)
+            assert shared.generation_lock.locked()
+        assert api_helpers.wait_until_unlocked()
+        stopped = [r.getMessage() for r in caplog.records if "client disconnected" in r.getMessage()]
+    assert stopped and int(re.search(r"after (\d+) tokens", stopped[-1]).group(1)) < 900
+    assert_still_serving(llama_api)

@@ -1,0 +1,140 @@
+"""The multimodal image input in Debian's Chromium: `python server.py --model <tiny llava-hf>`.
+
+An image uploaded in the page shows in the history and a reply arrives; several images at once
+(upload and paste) attach in order at `<image>` markers, the rest before the text; the input clears
+after sending; two browser sessions never see each other's pending images.
+Screenshots go to test-artifacts/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.test_browser_chat import (CHROMIUM, assert_nothing_ran, chromium, open_chat, screenshot, send,
+                                     server_process, wait_for_reply)
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+
+FILE_INPUT = "#multimodal-images input[type=file]"
+RED, GREEN, BLUE = (220, 20, 20), (20, 200, 20), (20, 20, 220)
+
+# A paste (Ctrl+V) of a blue PNG into the chat textbox, as the browser delivers it.
+PASTE_BLUE = """async () => {
+    const canvas = Object.assign(document.createElement('canvas'), {width: 40, height: 24});
+    const context = canvas.getContext('2d');
+    context.fillStyle = 'rgb(20, 20, 220)';
+    context.fillRect(0, 0, 40, 24);
+    const blob = await new Promise((resolve) => canvas.toBlob(resolve, 'image/png'));
+    const data = new DataTransfer();
+    data.items.add(new File([blob], 'pasted.png', {type: 'image/png'}));
+    document.querySelector('#chat-input textarea').dispatchEvent(
+        new ClipboardEvent('paste', {clipboardData: data, bubbles: true, cancelable: true}));
+}"""
+
+# The centre pixel of each image in the last user message, as the page decoded it.
+IMAGE_COLORS = """() => {
+    const users = document.querySelectorAll('#chat-history .user');
+    return Array.from(users[users.length - 1].querySelectorAll('img')).map((img) => {
+        const size = {width: img.naturalWidth, height: img.naturalHeight};
+        const canvas = Object.assign(document.createElement('canvas'), size);
+        const context = canvas.getContext('2d');
+        context.drawImage(img, 0, 0);
+        return Array.from(context.getImageData(img.naturalWidth >> 1, img.naturalHeight >> 1, 1, 1).data.slice(0, 3));
+    });
+}"""
+
+
+def close(color, expected, tolerance=30) -> bool:
+    return all(abs(a - b) <= tolerance for a, b in zip(color, expected))
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pictures")
+    paths = {}
+    for name, color in (("red", RED), ("green", GREEN)):
+        paths[name] = folder / f"{name}.png"
+        Image.new("RGB", (40, 24), color).save(paths[name])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def llava_server(llava_dir, tmp_path_factory):
+    """The real server; the multimodal extension turns on by itself for an image-text model."""
+    folder = tmp_path_factory.mktemp("llava-server")
+    settings = folder / "settings.yaml"
+    settings.write_text("max_new_tokens: 6\nban_eos_token: true\ndo_sample: false\n")
+    with server_process(["--model", str(llava_dir), "--settings", str(settings)], folder / "server.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+def pending_count(page) -> int:
+    return page.locator("#multimodal-preview img").count()
+
+
+def wait_pending(page, count: int) -> None:
+    page.wait_for_function(f"document.querySelectorAll('#multimodal-preview img').length === {count}",
+                           timeout=30_000)
+
+
+def test_an_uploaded_image_shows_in_the_history_and_a_reply_arrives(llava_server, browser, pictures):
+    page = open_chat(browser, llava_server)
+    assert page.get_by_label("Embed all images, not only the last one").count() == 1
+    page.set_input_files(FILE_INPUT, [str(pictures["red"])])
+    wait_pending(page, 1)
+    send(page, "What is in the picture?")
+    reply = wait_for_reply(page, 1)
+    assert reply.strip() and "Generation failed" not in page.inner_text("#chat-history")
+    user = page.locator("#chat-history .user").first
+    assert user.locator('img[src^="data:image/jpeg;base64,"]').count() == 1
+    assert user.text_content().strip() == "What is in the picture?"
+    assert [close(c, RED) for c in page.evaluate(IMAGE_COLORS)] == [True]
+    # The input cleared after sending: nothing pending, and the next message carries no image.
+    wait_pending(page, 0)
+    assert "red.png" not in page.inner_text("#multimodal-images")
+    screenshot(page, "browser_multimodal_image_in_history.png")
+    send(page, "And now?")
+    wait_for_reply(page, 2)
+    assert page.locator("#chat-history .user").nth(1).locator("img").count() == 0
+    assert_nothing_ran(page)
+    page.context.close()
+
+
+def test_several_images_by_upload_and_paste_attach_in_order(llava_server, browser, pictures):
+    page = open_chat(browser, llava_server)
+    page.set_input_files(FILE_INPUT, [str(pictures["red"]), str(pictures["green"])])
+    wait_pending(page, 2)
+    page.evaluate(PASTE_BLUE)
+    wait_pending(page, 3)
+    send(page, "Compare <image> with the others.")
+    wait_for_reply(page, 1)
+    assert "Generation failed" not in page.inner_text("#chat-history")
+    colors = page.evaluate(IMAGE_COLORS)
+    # The first image takes the marker; the others go before the text, in order.
+    assert len(colors) == 3
+    assert close(colors[0], GREEN) and close(colors[1], BLUE) and close(colors[2], RED), colors
+    assert page.locator("#chat-history .user").first.text_content().strip() == "Compare  with the others."
+    wait_pending(page, 0)
+    screenshot(page, "browser_multimodal_several_images.png")
+    page.context.close()
+
+
+def test_sessions_do_not_share_pending_images(llava_server, browser, pictures):
+    first, second = open_chat(browser, llava_server), open_chat(browser, llava_server)
+    first.set_input_files(FILE_INPUT, [str(pictures["green"])])
+    wait_pending(first, 1)
+    assert pending_count(second) == 0
+    send(second, "Hello from the second session")
+    wait_for_reply(second, 1)
+    assert second.locator("#chat-history .user img").count() == 0
+    assert pending_count(first) == 1, "the first session's image is still pending"
+    first.context.close()
+    second.context.close()

@@ -1,0 +1,154 @@
+"""html_generator: only the exact JPEG image tag renders as markup; every other text is shown as text.
+
+The rendered HTML is parsed back with Python's HTML parser (what a browser builds from it): the
+checks are on the resulting elements and text, not on string shapes.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from html.parser import HTMLParser
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from modules.html_generator import IMAGE_TAG, chat_html_wrapper, render_text, strip_image_tags
+
+
+def jpeg_b64(color=(200, 30, 30)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), color).save(buffer, format="JPEG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+B64 = jpeg_b64()
+TAG = f'<img src="data:image/jpeg;base64,{B64}">'
+
+
+class Parsed(HTMLParser):
+    """The elements (tag, attrs) and the text a browser would build from an HTML string."""
+
+    def __init__(self, markup: str):
+        super().__init__(convert_charrefs=True)
+        self.elements: list[tuple[str, dict]] = []
+        self.text = ""
+        self.feed(markup)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+        if tag == "img":
+            self.text += "[IMG]"
+
+    def handle_data(self, data):
+        self.text += data
+
+
+def images(markup: str) -> list[dict]:
+    return [attrs for tag, attrs in Parsed(markup).elements if tag == "img"]
+
+
+def assert_inert(markup: str) -> None:
+    """No element but div/img, no event handler attribute, images only as JPEG data URLs."""
+    for tag, attrs in Parsed(markup).elements:
+        assert tag in ("div", "img"), f"unexpected element <{tag}> in {markup!r}"
+        assert not any(name.startswith("on") for name in attrs), attrs
+        if tag == "img":
+            assert set(attrs) == {"src", "alt"} and attrs["src"].startswith("data:image/jpeg;base64,")
+
+
+def test_exact_jpeg_tag_renders_as_an_image_between_text():
+    markup = render_text(f"before {TAG} after")
+    assert images(markup) == [{"src": f"data:image/jpeg;base64,{B64}", "alt": "image"}]
+    assert Parsed(markup).text == "before [IMG] after"
+    assert_inert(markup)
+
+
+def test_several_images_keep_their_order():
+    other = jpeg_b64((10, 200, 10))
+    markup = render_text(f'{TAG}<img src="data:image/jpeg;base64,{other}">text')
+    assert [a["src"][-len(B64):] for a in images(markup)][0] == B64
+    assert images(markup)[1]["src"].endswith(other)
+    assert Parsed(markup).text == "[IMG][IMG]text"
+
+
+PAYLOADS = [
+    "<script>window.__pwned = 1</script>",
+    '<img src=x onerror="window.__pwned = 2">',
+    f'<img src="data:image/png;base64,{B64}">',                # another MIME type
+    f'<img src="data:image/jpeg;base64,{B64}" onerror="window.__pwned = 3">',  # an extra attribute
+    f"<img src='data:image/jpeg;base64,{B64}'>",               # other quotes
+    f'<IMG src="data:image/jpeg;base64,{B64}">',               # other case
+    f'<img  src="data:image/jpeg;base64,{B64}">',              # other spacing
+    f'<img src="data:image/jpeg;base64,{B64}"/>',              # self-closing
+    f'<img src="data:image/jpeg;base64,{B64}',                 # a half tag
+    '<img src="data:image/jpeg;base64,AAAA"><b',               # a tag, then half a tag
+    "<svg onload=alert(1)>",
+    "<a href=\"javascript:alert(1)\">link</a>",
+    "<style>body{display:none}</style>",
+    "<!-- comment --> &lt;b&gt; &amp;amp;",
+]
+
+
+def test_html_in_text_is_shown_as_text():
+    for payload in PAYLOADS:
+        shown = payload.replace('<img src="data:image/jpeg;base64,AAAA">', "[IMG]")
+        markup = render_text(payload)
+        assert_inert(markup)
+        assert Parsed(markup).text == html.unescape(shown), payload
+
+
+def test_stored_escaped_text_is_shown_escaped_once():
+    """chat.py stores visible text with html.escape: the user sees what they typed, not entities."""
+    for typed in PAYLOADS + ["a & b < c", "&amp;", "tom's \"quote\""]:
+        markup = render_text(html.escape(typed))
+        assert Parsed(markup).text == typed
+        assert not images(markup), "an escaped image tag the user typed is text, not an image"
+
+
+def test_template_syntax_reaches_the_page_inert():
+    markup = render_text("${1+1} {{value}} `x` \\n")
+    assert "${" not in markup and "{{" not in markup and "`" not in markup
+    assert Parsed(markup).text == "${1+1} {{value}} `x` \\n"
+
+
+def test_chat_html_wrapper_rows_and_notices():
+    history = {"visible": [["<b>hi</b>", "<i>yo</i>"], [TAG, ""]], "internal": [["", ""], ["", ""]]}
+    markup = chat_html_wrapper(history, notices=["Removed 1 image(s) <script>x</script> &amp;"])
+    parsed = Parsed(markup)
+    classes = [attrs.get("class") for tag, attrs in parsed.elements if tag == "div"]
+    assert classes == [None, "message user", "message assistant", "message user", "notice"]
+    assert parsed.text == "<b>hi</b><i>yo</i>[IMG]Removed 1 image(s) <script>x</script> &amp;"
+    assert_inert(markup)
+
+
+def test_empty_history_says_so():
+    assert Parsed(chat_html_wrapper({"visible": [], "internal": []})).text == "No messages yet."
+
+
+def test_strip_image_tags():
+    assert strip_image_tags(f"{TAG}\n{TAG}\nWhat is this?") == "What is this?"
+    assert strip_image_tags("  no images  ") == "  no images  "
+
+
+def test_host_regex_is_the_extensions_regex():
+    from extensions.multimodal.image_codec import IMAGE_TAG_RE
+
+    assert IMAGE_TAG.pattern == IMAGE_TAG_RE.pattern
+
+
+PIECES = st.sampled_from(["<", ">", "\"", "'", "&", "=", "/", " ", "img", "src", "script", "on", "error",
+                          "data:image/jpeg;base64,", "data:image/png;base64,", "AAAA", "amp;", "lt;", "#60;",
+                          "{", "}", "$", "`", "\n", "é", TAG])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(PIECES, max_size=30).map("".join))
+def test_any_text_renders_inert_and_keeps_its_characters(text):
+    markup = render_text(text)
+    assert_inert(markup)
+    expected = IMAGE_TAG.sub("\x00", text)
+    shown = "[IMG]".join(html.unescape(part) for part in expected.split("\x00"))
+    assert Parsed(markup).text == shown

@@ -1,0 +1,107 @@
+"""The image codec: real JPEG tags, normalisation (alpha, palette, CMYK, EXIF), any format behind the tag."""
+from __future__ import annotations
+
+import base64
+from io import BytesIO
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from extensions.multimodal import image_codec
+from extensions.multimodal.image_codec import (IMAGE_TAG_RE, bytes_to_tag, cap_size, decode_image_bytes, image_to_tag,
+                                               ordinal, tag_b64_to_image)
+from tests.multimodal_fake_pipeline import encoded, noise_image, solid_image, tag
+
+
+def tag_bytes(tag_text: str) -> bytes:
+    match = IMAGE_TAG_RE.fullmatch(tag_text)
+    assert match is not None, tag_text[:80]
+    return base64.b64decode(match.group(1))
+
+
+def test_tag_has_the_exact_form_and_real_jpeg_bytes():
+    text = image_to_tag(noise_image(0))
+    assert text.startswith('<img src="data:image/jpeg;base64,') and text.endswith('">')
+    data = tag_bytes(text)
+    assert data[:3] == b"\xff\xd8\xff", "JPEG magic bytes, not PNG under a jpeg label"
+    assert Image.open(BytesIO(data)).format == "JPEG"
+
+
+def test_jpeg_round_trip_keeps_the_pixels_close():
+    image = Image.fromarray(np.tile(np.linspace(0, 255, 48, dtype=np.uint8), (32, 1))[..., None].repeat(3, 2), "RGB")
+    back = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_to_tag(image)).group(1))
+    assert back.mode == "RGB" and back.size == image.size
+    difference = np.abs(np.asarray(back, dtype=int) - np.asarray(image, dtype=int))
+    assert difference.mean() < 3
+
+
+@pytest.mark.parametrize("mode,color", [("RGBA", (0, 0, 255, 0)), ("LA", (0, 0))])
+def test_transparent_pixels_go_onto_white(mode, color):
+    image = decode_image_bytes(encoded(solid_image(color, mode=mode), "PNG"))
+    assert image.mode == "RGB" and image.getpixel((5, 5)) == (255, 255, 255)
+
+
+def test_half_transparent_pixels_blend_with_white():
+    image = decode_image_bytes(encoded(solid_image((0, 0, 0, 128), mode="RGBA"), "PNG"))
+    assert all(abs(channel - 127) <= 1 for channel in image.getpixel((0, 0)))
+
+
+def test_palette_image_with_transparency():
+    palette = Image.new("P", (8, 8), 1)
+    palette.putpalette([0, 255, 0] + [255, 0, 0] * 255)
+    palette.putpixel((0, 0), 0)
+    image = decode_image_bytes(encoded(palette, "PNG", transparency=0))
+    assert image.getpixel((0, 0)) == (255, 255, 255), "the transparent index is white, not green"
+    assert image.getpixel((4, 4)) == (255, 0, 0)
+
+
+def test_cmyk_jpeg_decodes_to_rgb():
+    image = decode_image_bytes(encoded(solid_image((0, 255, 255, 0), mode="CMYK"), "JPEG"))
+    red, green, blue = image.getpixel((4, 4))
+    assert image.mode == "RGB" and red > 200 and green < 60 and blue < 60
+
+
+def test_exif_orientation_is_applied():
+    source = Image.new("RGB", (40, 20), (255, 0, 0))
+    source.paste((0, 0, 255), (0, 0, 20, 20))  # left half blue
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to view
+    image = decode_image_bytes(encoded(source, "JPEG", exif=exif.tobytes()))
+    assert image.size == (20, 40)
+    assert image.getpixel((10, 5))[2] > 200, "the blue half is on top after rotation"
+
+
+def test_png_webp_and_gif_behind_the_jpeg_label_decode():
+    for fmt in ("PNG", "WEBP", "GIF", "BMP"):
+        text = tag(solid_image((0, 0, 255)), fmt)
+        image = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(text).group(1))
+        assert image.mode == "RGB" and image.getpixel((3, 3))[2] > 200, fmt
+
+
+def test_bytes_to_tag_re_encodes_as_jpeg_and_caps_the_size_without_upscaling():
+    big = bytes_to_tag(encoded(noise_image(1, (200, 100)), "PNG"), max_side=64)
+    assert Image.open(BytesIO(tag_bytes(big))).size == (64, 32)
+    small = bytes_to_tag(encoded(noise_image(1, (20, 10)), "PNG"), max_side=64)
+    assert Image.open(BytesIO(tag_bytes(small))).size == (20, 10)
+    assert Image.open(BytesIO(tag_bytes(small))).format == "JPEG"
+
+
+def test_cap_size_keeps_thin_images_at_least_one_pixel():
+    assert cap_size(Image.new("RGB", (10000, 10)), 64).size == (64, 1)
+
+
+def test_ordinals():
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped():
+    grey = Image.fromarray(np.full((4, 4), 32768, dtype=np.uint16))
+    assert grey.mode == "I;16"
+    image = decode_image_bytes(encoded(grey, "PNG"))
+    assert abs(image.getpixel((0, 0))[0] - 128) <= 1
+
+
+def test_regex_is_the_one_in_the_technical_description():
+    assert image_codec.IMAGE_TAG_RE.pattern == r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">'

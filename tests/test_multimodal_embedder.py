@@ -1,0 +1,331 @@
+"""MultimodalEmbedder: splitting, truncation, lengths, stitching, placeholder images, the caches.
+
+The pipeline is a real (tiny) one on the fixture Llama (tests/multimodal_fake_pipeline.py); its
+text and image embeddings are the oracle the stitched output is compared with.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extensions.multimodal.embedding_cache import BoundedLRU
+from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
+from extensions.multimodal.multimodal_embedder import EmbeddingCountError, MultimodalEmbedder
+from extensions.multimodal.prompt_parts import split_prompt
+from modules import shared
+from modules.text_generation import encode
+from tests.multimodal_fake_pipeline import encoded, make_pipeline, noise_image, solid_image, tag, tag_of_bytes
+
+IMG = [tag(noise_image(seed)) for seed in range(4)]
+
+
+@pytest.fixture
+def llama(host, llama_dir):
+    host.load(llama_dir)
+    return host
+
+
+def make(name: str = "fake-linear", **overrides) -> MultimodalEmbedder:
+    params = {"add_all_images_to_prompt": False, "vision_device": None, "vision_bits": 32, "projector_device": None,
+              "projector_bits": 32, "embedding_cache_mb": 256, "max_images_per_prompt": None}
+    params.update(overrides)
+    return MultimodalEmbedder(params, pipeline=make_pipeline(name, params))
+
+
+def state(**overrides) -> dict:
+    return {"add_bos_token": True, "truncation_length": 1024, "max_new_tokens": 16, **overrides}
+
+
+def ids_of(text: str, bos: bool = False) -> list[int]:
+    return encode(text, add_bos_token=bos)[0].tolist()
+
+
+def token(name: str) -> int:
+    return shared.tokenizer.convert_tokens_to_ids(name)
+
+
+# -- Splitting ------------------------------------------------------------------------------------
+
+def texts(parts) -> list:
+    return [("IMG", p.index) if p.is_image else p.text for p in parts]
+
+
+def test_split_of_the_technical_description_example():
+    parts = split_prompt(f"text1{IMG[0]}text2{IMG[1]}text3", "<Img>", "</Img>")
+    assert texts(parts) == ["text1<Img>", ("IMG", 0), "</Img>text2<Img>", ("IMG", 1), "</Img>text3"]
+    assert parts[1].text == IMG[0] and parts[3].text == IMG[1]
+    assert parts[1].b64 in IMG[0]
+
+
+def test_split_without_images_is_one_text_part():
+    assert texts(split_prompt("just text", "<Img>", "</Img>")) == ["just text"]
+    assert texts(split_prompt("", "<Img>", "</Img>")) == [""]
+
+
+def test_split_with_one_and_three_images():
+    assert texts(split_prompt(f"a{IMG[0]}b", "<Img>", "</Img>")) == ["a<Img>", ("IMG", 0), "</Img>b"]
+    parts = split_prompt(f"a{IMG[0]}b{IMG[1]}c{IMG[2]}d", "<Img>", "</Img>")
+    assert texts(parts) == ["a<Img>", ("IMG", 0), "</Img>b<Img>", ("IMG", 1), "</Img>c<Img>", ("IMG", 2), "</Img>d"]
+
+
+def test_split_images_at_the_start_the_end_and_adjacent():
+    assert texts(split_prompt(f"{IMG[0]}after", "<Img>", "</Img>")) == ["<Img>", ("IMG", 0), "</Img>after"]
+    assert texts(split_prompt(f"before{IMG[0]}", "<Img>", "</Img>")) == ["before<Img>", ("IMG", 0), "</Img>"]
+    assert texts(split_prompt(f"{IMG[0]}{IMG[1]}", "<Img>", "</Img>")) == \
+        ["<Img>", ("IMG", 0), "</Img><Img>", ("IMG", 1), "</Img>"]
+
+
+def test_split_without_markers():
+    assert texts(split_prompt(f"a{IMG[0]}b", None, None)) == ["a", ("IMG", 0), "b"]
+
+
+def test_embedder_split_uses_the_pipeline_markers_and_can_load_images(llama):
+    parts = make("fake-img-markers")._split_prompt(f"text1{IMG[0]}text2", load_images=True)
+    assert texts(parts) == ["text1<Img>", ("IMG", 0), "</Img>text2"]
+    assert parts[1].image.mode == "RGB" and parts[1].image.size == (32, 32)
+    assert make("fake-img-markers")._split_prompt(f"x{IMG[0]}")[1].image is None
+
+
+# -- Ids, lengths and truncation -------------------------------------------------------------------
+
+def test_ids_are_text_then_placeholders_with_one_bos(llama):
+    embedder = make("fake-img-markers")
+    _, ids, embeds, n_images = embedder.forward(f"text1{IMG[0]}text2{IMG[1]}text3", state(), embedder.params)
+    placeholder = [token("<image>")] * 4
+    expected = (ids_of("text1<Img>", bos=True) + placeholder + ids_of("</Img>text2<Img>") + placeholder +
+                ids_of("</Img>text3"))
+    assert ids.tolist() == expected and ids.dtype == torch.int64
+    assert ids.tolist().count(shared.tokenizer.bos_token_id) == 1
+    assert embeds.shape == (len(expected), 64) and n_images == 2
+
+
+def test_no_bos_when_the_state_says_so(llama):
+    embedder = make()
+    _, ids, _, _ = embedder.forward(f"hi{IMG[0]}", state(add_bos_token=False), embedder.params)
+    assert shared.tokenizer.bos_token_id not in ids.tolist()
+
+
+@pytest.mark.parametrize("prompt", ["no images at all", f"{IMG[0]}", f"a{IMG[0]}b", f"a{IMG[0]}{IMG[1]}b{IMG[2]}",
+                                    f"USER: {IMG[3]}\nWhat is it?\nASSISTANT:"])
+@pytest.mark.parametrize("add_all", [False, True])
+def test_len_in_tokens_equals_forward_length(llama, prompt, add_all):
+    embedder = make(add_all_images_to_prompt=add_all)
+    _, ids, embeds, _ = embedder.forward(prompt, state(), embedder.params)
+    assert embedder.len_in_tokens(prompt) == ids.shape[0] == embeds.shape[0]
+
+
+def test_len_in_tokens_with_a_per_image_token_count(llama):
+    portrait, landscape = tag(noise_image(5, (16, 32))), tag(noise_image(6, (32, 16)))
+    embedder = make("fake-varying", add_all_images_to_prompt=True)
+    for prompt in (f"a{portrait}b{landscape}c", f"{landscape}{portrait}"):
+        _, ids, _, _ = embedder.forward(prompt, state(), embedder.params)
+        assert embedder.len_in_tokens(prompt) == ids.shape[0]
+    assert (ids == token("<image>")).sum() == 4 + 8
+
+
+def test_len_in_tokens_decodes_no_pixels(llama):
+    full_jpeg = encoded(noise_image(7, (32, 48)))
+    truncated_jpeg = full_jpeg[:full_jpeg.index(b"\xff\xda") + 20]  # the header is intact, the pixels are cut
+    embedder = make("fake-varying", add_all_images_to_prompt=True)
+    assert embedder.len_in_tokens(f"a{tag_of_bytes(truncated_jpeg)}") == len(ids_of("a<im_start>", True)) + 8 + 1
+    assert make().len_in_tokens(f"a{tag_of_bytes(b'not an image at all')}") == len(ids_of("a<im_start>", True)) + 4 + 1
+
+
+def test_over_long_text_before_an_image_keeps_the_start_marker(llama):
+    long_text = "The quick brown fox jumps over the lazy dog. " * 6
+    tail = ids_of("<im_end> What is it?")
+    embedder = make()
+    max_length = 4 + len(tail) + 3
+    notices = state(truncation_length=max_length + 16)
+    _, ids, _, n_images = embedder.forward(f"{long_text}{IMG[0]} What is it?", notices, embedder.params)
+    assert ids.shape[0] == max_length and n_images == 1
+    full_head = ids_of(long_text + "<im_start>", bos=True)
+    assert ids[:3].tolist() == full_head[-3:]
+    assert ids[2] == token("<im_start>") and ids[3:7].tolist() == [token("<image>")] * 4
+    assert "notices" not in notices
+
+
+def test_start_marker_that_does_not_fit_goes_with_its_image(llama):
+    embedder = make()
+    tail = ids_of("<im_end> end")
+    _, full_ids, _, _ = embedder.forward(f"text{IMG[0]} end", state(), embedder.params)
+    # room for the image and the text after it, but not for the <im_start> before it
+    fits_exactly = state(truncation_length=4 + len(tail) + 1 + 16)
+    _, ids, _, _ = embedder.forward(f"text{IMG[0]} end", fits_exactly, embedder.params)
+    assert ids[0] == token("<im_start>") and ids.shape[0] == 4 + len(tail) + 1
+    too_small = state(truncation_length=4 + len(tail) + 16)
+    _, ids, _, n_images = embedder.forward(f"text{IMG[0]} end", too_small, embedder.params)
+    assert ids.tolist() == tail and n_images == 0
+    assert too_small["notices"] and "Removed 1 image(s)" in too_small["notices"][0]
+
+
+def test_an_image_at_the_cut_is_removed_whole(llama):
+    embedder = make(add_all_images_to_prompt=True)
+    prompt = f"a{IMG[0]}b{IMG[1]}c{IMG[2]} last"
+    _, full, _, _ = embedder.forward(prompt, state(), embedder.params)
+    last_image_start = len(full) - len(ids_of("<im_end> last")) - 4
+    # the cut falls inside the middle image (keep its last two rows and what follows)
+    middle_image_end = last_image_start - len(ids_of("<im_end>c<im_start>"))
+    cut = state(truncation_length=len(full) - middle_image_end + 2 + 16)
+    _, ids, embeds, n_images = embedder.forward(prompt, cut, embedder.params)
+    assert n_images == 1 and ids.shape[0] <= len(full) - middle_image_end + 2
+    assert ids.tolist() == full[middle_image_end:].tolist()
+    assert cut["notices"] == [cut["notices"][0]] and "Removed 2 image(s)" in cut["notices"][0]
+    assert embedder.last_stats.removed_images == 2
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.one_of(st.sampled_from(range(4)), st.text("abc xyz.,!?\n", max_size=30)), max_size=8),
+       max_length=st.integers(1, 120), add_all=st.booleans(), markers=st.booleans())
+def test_truncation_never_cuts_an_image(llama, pieces, max_length, add_all, markers):
+    prompt = "".join(IMG[p] if isinstance(p, int) else p for p in pieces)
+    embedder = make("fake-linear" if markers else "fake-no-markers", add_all_images_to_prompt=add_all)
+    try:
+        _, ids, embeds, n_images = embedder.forward(prompt, state(truncation_length=max_length + 16), embedder.params)
+    except ValueError as error:  # only when nothing at all fits
+        assert "cannot fit" in str(error)
+        return
+    assert ids.shape[0] == embeds.shape[0] <= max_length
+    runs, current = [], 0
+    for is_placeholder in (ids == token("<image>")).tolist() + [False]:
+        if is_placeholder:
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    if markers:
+        assert all(run == 4 for run in runs), runs
+    else:  # adjacent images without markers make one run of whole images
+        assert all(run % 4 == 0 for run in runs), runs
+    assert sum(runs) == 4 * n_images
+
+
+# -- Stitching ------------------------------------------------------------------------------------
+
+def test_stitched_rows_equal_the_pipeline_embeddings_in_prompt_order(llama):
+    embedder = make("fake-img-markers", add_all_images_to_prompt=True)
+    pipeline = embedder.pipeline
+    tags = [tag(noise_image(10)), tag(solid_image((0, 200, 0)))]
+    _, ids, embeds, _ = embedder.forward(f"Look:{tags[0]} and {tags[1]}?", state(), embedder.params)
+    expected = []
+    for text, bos, image_tag in (("Look:<Img>", True, tags[0]), ("</Img> and <Img>", False, tags[1])):
+        expected.append(pipeline.embed_tokens(encode(text, add_bos_token=bos)[0]))
+        decoded = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_tag).group(1))
+        expected.append(pipeline.embed_images([decoded])[0])
+    expected.append(pipeline.embed_tokens(encode("</Img>?", add_bos_token=False)[0]))
+    assert torch.equal(embeds, torch.cat(expected))
+    # and the image rows really depend on the pixels
+    assert not torch.equal(expected[1], expected[3])
+
+
+def test_older_images_get_placeholder_embeddings(llama):
+    embedder = make()
+    _, ids, embeds, _ = embedder.forward(f"a{IMG[0]}b{IMG[1]}c", state(), embedder.params)
+    first = ids_of("a<im_start>", True)
+    placeholder = embedder.pipeline.placeholder_embeddings()
+    assert torch.equal(embeds[len(first):len(first) + 4], placeholder)
+    assert embedder.pipeline.batches == [1], "only the last image is embedded"
+
+
+def test_a_wrong_row_count_raises_a_clear_error(llama):
+    embedder = make("fake-wrong-rows")
+    with pytest.raises(EmbeddingCountError) as error:
+        embedder.forward(f"a{IMG[0]}b", state(), embedder.params)
+    message = str(error.value)
+    assert "fake-wrong-rows" in message and "3 embedding rows" in message and "4 placeholder tokens" in message
+
+
+def test_short_placeholder_embeddings_make_the_ids_follow_with_one_warning(llama, caplog):
+    embedder = make("fake-short-placeholder")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            _, ids, embeds, _ = embedder.forward(f"a{IMG[0]}b{IMG[1]}c{IMG[2]}", state(), embedder.params)
+    assert ids.shape[0] == embeds.shape[0]
+    assert (ids == token("<image>")).sum() == 2 + 2 + 4
+    assert sum("placeholder embedding rows" in r.message for r in caplog.records) == 1
+
+
+# -- Caches ---------------------------------------------------------------------------------------
+
+def test_cache_hit_and_miss(llama, caplog):
+    embedder = make()
+    first = embedder.forward(f"a{IMG[0]}", state(), embedder.params)
+    assert (embedder.last_stats.images, embedder.last_stats.from_cache) == (1, 0)
+    second = embedder.forward(f"other text {IMG[0]}", state(), embedder.params)
+    assert (embedder.last_stats.images, embedder.last_stats.from_cache) == (1, 1)
+    assert embedder.pipeline.batches == [1]
+    assert torch.equal(first[2][-5:], second[2][-5:])
+    embedder.forward(f"a{IMG[1]}", state(), embedder.params)
+    assert embedder.pipeline.batches == [1, 1]
+
+
+def test_same_size_different_pixels_never_share_an_entry(llama):
+    embedder = make(add_all_images_to_prompt=True)
+    red, blue = tag(solid_image((255, 0, 0))), tag(solid_image((0, 0, 255)))
+    _, _, embeds, _ = embedder.forward(f"{red}{blue}", state(add_bos_token=False), embedder.params)
+    assert embedder.pipeline.batches == [2], "both misses in one batch"
+    marker = 1  # <im_start>
+    assert not torch.equal(embeds[marker:marker + 4], embeds[-5:-1])
+    _, _, again, _ = embedder.forward(f"{blue}{red}", state(add_bos_token=False), embedder.params)
+    assert embedder.pipeline.batches == [2] and embedder.last_stats.from_cache == 2
+    assert torch.equal(again[marker:marker + 4], embeds[-5:-1])
+
+
+def test_the_same_image_twice_is_embedded_once(llama):
+    embedder = make(add_all_images_to_prompt=True)
+    _, _, embeds, _ = embedder.forward(f"{IMG[0]}{IMG[0]}", state(add_bos_token=False), embedder.params)
+    assert embedder.pipeline.batches == [1]
+    assert torch.equal(embeds[1:5], embeds[-5:-1])
+
+
+def test_cached_output_equals_uncached_output(llama):
+    prompt = f"a{IMG[0]}b{IMG[1]}c"
+    cached = make(add_all_images_to_prompt=True)
+    cached.forward(prompt, state(), cached.params)
+    from_cache = cached.forward(prompt, state(), cached.params)
+    assert cached.last_stats.from_cache == 2
+    uncached = make(add_all_images_to_prompt=True, embedding_cache_mb=0)
+    plain = uncached.forward(prompt, state(), uncached.params)
+    uncached.forward(prompt, state(), uncached.params)
+    assert uncached.pipeline.batches == [2, 2] and len(uncached.cache) == 0
+    assert torch.equal(from_cache[1], plain[1]) and torch.equal(from_cache[2], plain[2])
+
+
+def test_settings_that_change_embeddings_are_part_of_the_key(llama):
+    embedder = make()
+    embedder.forward(f"a{IMG[0]}", state(), embedder.params)
+    embedder.forward(f"a{IMG[0]}", state(), dict(embedder.params, vision_bits=16))
+    assert embedder.pipeline.batches == [1, 1]
+
+
+def test_placeholder_images_are_neither_embedded_nor_decoded(llama):
+    embedder = make()
+    broken = tag_of_bytes(b"this is not an image")
+    _, ids, _, n_images = embedder.forward(f"old {broken} new {IMG[0]}", state(), embedder.params)
+    assert n_images == 2 and embedder.pipeline.batches == [1]
+
+
+def test_text_memo_returns_what_encode_returns(llama):
+    embedder = make()
+    for text in ["", "Hello world", "<im_end>USER: What is it?\nASSISTANT:", "Hello world", "ünïcödé 123"]:
+        for bos in (True, False):
+            assert torch.equal(embedder._encode_memo(text, bos), encode(text, add_bos_token=bos)[0])
+    assert embedder.text_memo.hits >= 2
+
+
+def test_bounded_lru_evicts_the_least_recently_used_by_bytes():
+    cache = BoundedLRU(max_bytes=10)
+    cache.put("a", 1, 4)
+    cache.put("b", 2, 4)
+    assert cache.get("a") == 1  # "b" is now the oldest
+    cache.put("c", 3, 4)
+    assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3 and cache.total_bytes == 8
+    cache.put("huge", 4, 11)
+    assert "huge" not in cache
+    disabled = BoundedLRU(max_bytes=0)
+    disabled.put("a", 1, 1)
+    assert len(disabled) == 0

@@ -1,0 +1,202 @@
+"""The chat UI's wiring and handlers, without a browser: Blocks built for real, handlers called directly.
+
+A harness extension (written into a temporary extensions folder) registers a per-message input and
+can make generation fail on demand; the model is the tiny Llama fixture.
+"""
+from __future__ import annotations
+
+import html
+import json
+import textwrap
+import warnings
+
+import gradio as gr
+import pytest
+
+import extensions as extensions_package
+from modules import chat, shared, ui_chat
+
+HARNESS = '''
+import gradio as gr
+from modules import shared
+
+seen = []
+
+def ui():
+    box = gr.Textbox(label="note", elem_id="harness-note")
+    shared.gradio["extension_inputs"]["harness_note"] = box
+    shared.gradio["harness_note"] = box
+
+def chat_input_modifier(text, visible_text, state):
+    seen.append(state.get("harness_note"))
+    return text, visible_text
+
+def tokenizer_modifier(state, prompt, input_ids, input_embeds):
+    if "FAIL-VALUE" in prompt:
+        raise ValueError("3 images but this model takes at most 2: send fewer images")
+    if "FAIL-RUNTIME" in prompt:
+        raise RuntimeError("CUDA out of memory in embed_images")
+    return prompt, input_ids, input_embeds
+'''
+
+
+@pytest.fixture
+def llama(host, llama_dir):
+    host.load(llama_dir)
+    return host
+
+
+@pytest.fixture
+def harness(host, llama_dir, tmp_path):
+    folder = tmp_path / "harness_ext"
+    folder.mkdir()
+    (folder / "script.py").write_text(textwrap.dedent(HARNESS))
+    extensions_package.__path__.append(str(tmp_path))
+    try:
+        host.load(llama_dir, ["harness_ext"])
+        import extensions.harness_ext.script as script
+
+        yield script
+    finally:
+        extensions_package.__path__.remove(str(tmp_path))
+
+
+def params(max_new_tokens: int = 8) -> list:
+    """Greedy values for PARAMETER_KEYS (temperature 0 turns sampling off)."""
+    return [max_new_tokens, 0.0, 1.0, shared.settings["truncation_length"]]
+
+
+def last(stream):
+    outputs = list(stream)
+    assert outputs, "a handler must yield at least once"
+    return outputs
+
+
+def quiet(stream):
+    """Run a handler that may call gr.Warning outside a request (it then becomes a Python warning)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = last(stream)
+    return outputs, [str(w.message) for w in caught]
+
+
+def test_interface_registers_the_documented_components(llama):
+    interface = ui_chat.create_interface()
+    assert isinstance(interface, gr.Blocks)
+    for key in ["textbox", "Generate", "Stop", "Regenerate", "Remove last", "Clear history", "history", "display",
+                "max_new_tokens", "temperature", "top_p", "truncation_length", "save_name", "Save history",
+                "saved_histories", "Load history", "interface"]:
+        assert key in shared.gradio, key
+    assert isinstance(shared.gradio["textbox"], gr.Textbox) and isinstance(shared.gradio["Generate"], gr.Button)
+    assert shared.gradio["extension_inputs"] == {}
+    assert "#chat-history" in ui_chat.interface_css()
+
+
+def dependency(config: dict, target_id: int, event: str) -> dict:
+    found = [d for d in config["dependencies"] if [target_id, event] in [list(t) for t in d["targets"]]]
+    assert len(found) == 1, f"expected one {event} handler on component {target_id}, found {len(found)}"
+    return found[0]
+
+
+def test_send_reads_and_clears_inputs_before_generating(harness):
+    """Generate and Enter: one unqueued step takes text + extension inputs and clears them, then generate."""
+    interface = ui_chat.create_interface()
+    config = interface.get_config_file()
+    g = shared.gradio
+    assert g["extension_inputs"] == {"harness_note": g["harness_note"]}
+    textbox, note = g["textbox"]._id, g["harness_note"]._id
+    for target, event in ((g["Generate"]._id, "click"), (textbox, "submit")):
+        first = dependency(config, target, event)
+        assert first["queue"] is False and first["inputs"] == [textbox, note]
+        assert first["outputs"][-2:] == [textbox, note]
+        pending = first["outputs"][:2]
+        then = [d for d in config["dependencies"] if d["trigger_after"] == first["id"]]
+        assert len(then) == 1
+        assert then[0]["inputs"][0] == pending[0] and then[0]["inputs"][-1] == pending[1]
+        assert g["display"]._id in then[0]["outputs"] and g["history"]._id in then[0]["outputs"]
+        assert interface.fns[first["id"]].fn is ui_chat.take_inputs
+    assert ui_chat.take_inputs("hi", ["a.png"]) == ("hi", ["a.png"], "", None)
+    assert ui_chat.take_inputs("hi", []) == ("hi", None, "", None)
+
+
+def test_generate_streams_the_same_reply_as_the_chat_module(llama):
+    outputs = last(ui_chat.generate("Hello <b>there</b>", chat.new_history(), *params(8)))
+    assert len(outputs) > 2, "the reply streams"
+    display, history = outputs[-1]
+    assert "Hello &lt;b&gt;there&lt;/b&gt;" in display
+    state = llama.greedy_state(max_new_tokens=8)
+    direct = list(chat.generate_chat_reply("Hello <b>there</b>", state))[-1]
+    assert history["internal"] == direct["internal"] and history["visible"] == direct["visible"]
+    assert history["internal"][0][0] == "Hello <b>there</b>" and history["internal"][0][1]
+
+
+def test_extension_inputs_reach_the_state(harness):
+    ui_chat.create_interface()
+    last(ui_chat.generate("Hello", chat.new_history(), *params(2), "a note"))
+    assert harness.seen == ["a note"]
+    state = ui_chat.build_state(chat.new_history(), *params(2), None)
+    assert state["harness_note"] is None and state["notices"] == []
+    with pytest.raises(ValueError, match="build_state got 3 values"):
+        ui_chat.build_state(chat.new_history(), 1, 2, 3)
+
+
+def test_empty_input_adds_no_turn(harness):
+    ui_chat.create_interface()
+    outputs = last(ui_chat.generate("   ", chat.new_history(), *params(2), None))
+    assert outputs == [(outputs[0][0], chat.new_history())] and harness.seen == []
+    # An image-only message (an extension input and no text) is a message.
+    assert last(ui_chat.generate("", chat.new_history(), *params(2), "only a note"))[-1][1]["internal"]
+
+
+@pytest.mark.parametrize("trigger, shown", [
+    ("FAIL-VALUE", "3 images but this model takes at most 2: send fewer images"),
+    ("FAIL-RUNTIME", "CUDA out of memory in embed_images"),
+])
+def test_generation_errors_become_a_notice_and_keep_the_history(harness, trigger, shown):
+    ui_chat.create_interface()
+    first = last(ui_chat.generate("Hi", chat.new_history(), *params(3), None))[-1][1]
+    before = json.loads(json.dumps(first))
+    outputs, warned = quiet(ui_chat.generate(f"please {trigger}", first, *params(3), None))
+    display, history = outputs[-1]
+    assert history == before, "the failed turn leaves the history as it was"
+    assert html.escape(shown) in display and 'class="notice"' in display
+    assert any(shown in w for w in warned)
+    assert not shared.generation_lock.locked()
+    after = last(ui_chat.generate("And now?", history, *params(3), None))[-1][1]
+    assert len(after["internal"]) == 2 and after["internal"][0] == before["internal"][0]
+    assert 'class="notice"' not in last(ui_chat.generate("Again", after, *params(2), None))[-1][0]
+
+
+def test_regenerate_remove_last_and_clear(llama):
+    history = last(ui_chat.generate("Hello", chat.new_history(), *params(6)))[-1][1]
+    again = last(ui_chat.regenerate(history, *params(6)))[-1][1]
+    assert again == history, "greedy regeneration gives the same reply"
+    tag = '<img src="data:image/jpeg;base64,AAAA">'
+    with_image = {"internal": [[f"{tag}\nWhat is it?", "A cat."]], "visible": [[f"{tag}\nWhat is it?", "A cat."]]}
+    display, removed, text = ui_chat.remove_last(with_image)
+    assert removed == chat.new_history() and text == "What is it?" and "No messages yet" in display
+    assert ui_chat.clear_history()[1] == chat.new_history()
+
+
+def test_regenerate_on_an_empty_history_does_nothing(llama):
+    assert last(ui_chat.regenerate(chat.new_history(), *params(4)))[-1][1] == chat.new_history()
+
+
+def test_no_model_loaded_keeps_the_history(host):
+    shared.model = None
+    outputs, warned = quiet(ui_chat.generate("Hello", chat.new_history(), *params(4)))
+    assert outputs[-1][1] == chat.new_history() and any("No model is loaded" in w for w in warned)
+
+
+def test_save_and_load_round_trip(llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(chat, "HISTORY_DIR", tmp_path)
+    history = {"internal": [["<script>x</script>", "ok"]], "visible": [["<script>x</script>", "<b>ok</b>"]]}
+    update = ui_chat.save(history, "my chat")
+    assert update["value"] == "my_chat" and "my_chat" in update["choices"]
+    display, loaded = ui_chat.load(chat.new_history(), "my_chat")
+    assert loaded == history
+    assert "&lt;script&gt;x&lt;/script&gt;" in display and "&lt;b&gt;ok&lt;/b&gt;" in display and "<b>" not in display
+    (tmp_path / "broken.json").write_text("{not json")
+    outputs, warned = quiet((ui_chat.load(history, name) for name in ["broken"]))
+    display, kept = outputs[-1]
+    assert kept is history and "not valid JSON" in display and any("not valid JSON" in w for w in warned)
