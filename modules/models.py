@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor,
+from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor,
                           AutoTokenizer)
 
 from modules import shared

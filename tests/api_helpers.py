@@ -54,7 +54,7 @@ class LiveAPI:
 
 
 def start_api(config: APIConfig | None = None) -> LiveAPI:
-    config = config or APIConfig(disconnect_poll_s=0.05)
+    config = config or APIConfig()
     server = BackgroundServer(create_app(config), "127.0.0.1", free_port()).start()
     return LiveAPI(server, config.api_key)
 

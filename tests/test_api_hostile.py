@@ -67,7 +67,7 @@ def llava_apis(llava_dir, image_server, tmp_path_factory):
     model_dir = api_helpers.llava_with_cls_token(llava_dir, tmp_path_factory.mktemp("api") / "tiny-llava-hf")
     host_helpers.load(model_dir, ["multimodal"])
     apis = (api_helpers.start_api(),
-            api_helpers.start_api(APIConfig(address_allowed=allow_only_port(image_server.port), disconnect_poll_s=0.05,
+            api_helpers.start_api(APIConfig(address_allowed=allow_only_port(image_server.port),
                                             fetch_timeout_s=1.0, max_image_bytes=BIG_BYTES // 2)))
     yield apis
     for api in apis:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.test_browser_chat import (CHROMIUM, assert_nothing_ran, chromium, open_chat, screenshot, send,
+from tests.browser_helpers import (CHROMIUM, assert_nothing_ran, chromium, open_chat, screenshot, send,
                                      server_process, wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
@@ -34,9 +34,11 @@ PASTE_BLUE = """async () => {
 }"""
 
 # The centre pixel of each image in the last user message, as the page decoded it.
-IMAGE_COLORS = """() => {
+IMAGE_COLORS = """async () => {
     const users = document.querySelectorAll('#chat-history .user');
-    return Array.from(users[users.length - 1].querySelectorAll('img')).map((img) => {
+    const images = Array.from(users[users.length - 1].querySelectorAll('img'));
+    await Promise.all(images.map((img) => img.decode()));
+    return images.map((img) => {
         const size = {width: img.naturalWidth, height: img.naturalHeight};
         const canvas = Object.assign(document.createElement('canvas'), size);
         const context = canvas.getContext('2d');

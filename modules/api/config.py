@@ -34,8 +34,6 @@ class APIConfig:
     max_image_bytes: int = 20 * MB  # one decoded data URL or fetched image above this gets 413
     fetch_timeout_s: float = 10.0  # the whole fetch of one remote image, redirects included
     max_redirects: int = 5
-    # How often a request waiting for the generation lock or the next token checks its client.
-    disconnect_poll_s: float = 0.25
 
 
 def config_from_args(args: argparse.Namespace) -> APIConfig:

@@ -78,13 +78,13 @@ def completion_replies(prompt: str, state: dict, stops: list[str]) -> Iterator[s
 class GenerationRun:
     """One generation in a worker thread. Items: ('reply', text), ('done', None), ('error', exception)."""
 
-    def __init__(self, replies: Callable[[], Iterator[str]], state: dict, poll_s: float):
+    def __init__(self, replies: Callable[[], Iterator[str]], state: dict):
         self.loop = asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.state = state
-        self.poll_s = poll_s
         self._getter: asyncio.Future | None = None
+        self._watcher: asyncio.Future | None = None
         self.thread = threading.Thread(target=self._work, args=(replies,), daemon=True, name="api-generation")
         self.thread.start()
 
@@ -114,23 +114,25 @@ class GenerationRun:
             self.cancelled.set()
 
     def cancel(self) -> None:
+        """Stop the generation at its next reply (a no-op once it has finished) and stop watching the client."""
         self.cancelled.set()
-        if self._getter is not None:
-            self._getter.cancel()
+        for task in (self._getter, self._watcher):
+            if task is not None:
+                task.cancel()
 
     async def next_item(self, request: Request) -> tuple[str, Any]:
         """The next item; raises ClientGone (and cancels) when the client disconnects meanwhile."""
-        while True:
-            # One pending get() across polls: cancelling a get() that just got an item would drop it.
-            if self._getter is None:
-                self._getter = asyncio.ensure_future(self.items.get())
-            done, _ = await asyncio.wait({self._getter}, timeout=self.poll_s)
-            if done:
-                item, self._getter = self._getter.result(), None
-                return item
-            if await request.is_disconnected():
-                self.cancel()
-                raise ClientGone()
+        # One pending get() across calls: cancelling a get() that just got an item would drop it.
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self.items.get())
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(wait_for_disconnect(request))
+        await asyncio.wait({self._getter, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if self._getter.done():
+            item, self._getter = self._getter.result(), None
+            return item
+        self.cancel()
+        raise ClientGone()
 
     async def final_reply(self, request: Request) -> str:
         """Waits for the whole generation; raises its error, or ClientGone."""
@@ -143,6 +145,13 @@ class GenerationRun:
                 return reply
             else:
                 raise value
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client disconnects. The body has been read, so the ASGI channel has nothing else
+    to say; a pending receive() also keeps the server reading the socket, where it notices the close."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class DeltaTracker:

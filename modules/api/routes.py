@@ -129,10 +129,11 @@ def body_too_large(size: int, limit: int) -> APIError:
 
 async def respond(request: Request, params: GenerationParams, state: dict, make_replies: Callable[[], Iterator[str]],
                   shape: responses.Shape, config: APIConfig) -> Response:
-    run = GenerationRun(make_replies, state, config.disconnect_poll_s)
+    run = GenerationRun(make_replies, state)
     try:
         if not params.stream:
             text = await run.final_reply(request)
+            run.cancel()  # finished: only stops watching for a disconnect
             return JSONResponse(shape.body(finished(text, state, shape)))
         first = await run.next_item(request)
     except ClientGone:
