@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from modules import shared
 from modules.logging_colors import logger
@@ -25,7 +26,7 @@ def load_model_and_extensions() -> None:
             name = None
     if name:
         shared.model, shared.tokenizer = modules.models.load_model(name)
-        shared.model_name = name
+        shared.model_name = Path(name).name  # the folder's name, as text-generation-webui shows it
         if shared.processor is not None and "multimodal" not in shared.args.extensions:
             logger.info("Image-text model: enabling the multimodal extension")
             shared.args.extensions.append("multimodal")

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import shutil
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
@@ -88,14 +85,4 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-def llava_with_cls_token(src: Path, dst: Path) -> Path:
-    """A copy of the tiny llava-hf fixture whose processor counts the CLIP CLS position
-    (`num_additional_image_tokens: 1`, as in every real llava-hf checkpoint). Without it the processor
-    writes one `<image>` token fewer than the vision tower gives features (tests/test_llava_hf.py does the same)."""
-    if not dst.exists():
-        shutil.copytree(src, dst)
-        config_file = dst / "processor_config.json"
-        config = json.loads(config_file.read_text())
-        config["num_additional_image_tokens"] = 1
-        config_file.write_text(json.dumps(config, indent=2))
-    return dst
+

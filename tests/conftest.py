@@ -46,3 +46,16 @@ def host():
     snapshot = host_helpers.snapshot()
     yield host_helpers
     host_helpers.restore(snapshot)
+
+
+@pytest.fixture(scope="module")
+def llama_api(llama_dir):
+    """A live OpenAI-compatible API on the tiny Llama (one server per test module)."""
+    from tests import api_helpers, host_helpers
+
+    saved = host_helpers.snapshot()
+    host_helpers.load(llama_dir)
+    api = api_helpers.start_api()
+    yield api
+    api.stop()
+    host_helpers.restore(saved)

@@ -28,7 +28,6 @@ from tests import api_helpers, host_helpers
 from tests.image_server import BIG_BYTES, ImageServer
 
 ROOT = Path(__file__).resolve().parent.parent
-HAS_MULTIMODAL = (ROOT / "extensions" / "multimodal" / "script.py").exists()
 GREEDY = {"model": "any", "temperature": 0, "max_tokens": 6}
 HELLO = {"messages": [{"role": "user", "content": "Hello"}], **GREEDY}
 PNG = api_helpers.image_bytes("red", "circle")
@@ -49,23 +48,10 @@ def image_server():
 
 
 @pytest.fixture(scope="module")
-def llama_api(llama_dir):
-    saved = host_helpers.snapshot()
-    host_helpers.load(llama_dir)
-    api = api_helpers.start_api()
-    yield api
-    api.stop()
-    host_helpers.restore(saved)
-
-
-@pytest.fixture(scope="module")
-def llava_apis(llava_dir, image_server, tmp_path_factory):
+def llava_apis(llava_dir, image_server):
     """(default API, API that may fetch from the test image server only, with a 1 s timeout and small caps)."""
-    if not HAS_MULTIMODAL:
-        pytest.skip("extensions/multimodal/script.py not written yet")
     saved = host_helpers.snapshot()
-    model_dir = api_helpers.llava_with_cls_token(llava_dir, tmp_path_factory.mktemp("api") / "tiny-llava-hf")
-    host_helpers.load(model_dir, ["multimodal"])
+    host_helpers.load(llava_dir, ["multimodal"])
     apis = (api_helpers.start_api(),
             api_helpers.start_api(APIConfig(address_allowed=allow_only_port(image_server.port),
                                             fetch_timeout_s=1.0, max_image_bytes=BIG_BYTES // 2)))
@@ -149,6 +135,13 @@ def test_invalid_parameters_are_422(llama_api, change, param):
 def test_malformed_messages_are_400(llama_api, messages, words):
     response = llama_api.post("/chat/completions", json={**GREEDY, "messages": messages})
     assert_error(response, 400, *words)
+    assert_still_serving(llama_api)
+
+
+def test_too_many_images_are_refused_before_any_fetch(llama_api):
+    parts = [{"type": "image_url", "image_url": {"url": f"http://example.invalid/{i}.png"}} for i in range(33)]
+    response = llama_api.post("/chat/completions", json={**GREEDY, "messages": [{"role": "user", "content": parts}]})
+    assert_error(response, 400, "33 images", "at most 32")
     assert_still_serving(llama_api)
 
 

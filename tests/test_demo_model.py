@@ -111,22 +111,25 @@ def demo_host(host):
     return host
 
 
-def chat_turn(host, text: str, history: dict) -> dict:
+def chat_turn(host, text: str, history: dict, **state_overrides) -> dict:
     from modules.chat import generate_chat_reply
 
-    state = host.greedy_state(max_new_tokens=24, history=history)
+    state = host.greedy_state(max_new_tokens=24, history=history, **state_overrides)
     return list(generate_chat_reply(text, state, loading_message=False))[-1]
 
 
 def test_host_chat_names_the_newest_image(demo_host):
     from extensions.multimodal.image_codec import image_to_tag
 
-    jobs = [("blue", "triangle"), ("orange", "star"), ("green", "cross")]
+    jobs = [("blue", "triangle"), ("orange", "star"), ("green", "cross"), ("black", "circle")]
     images = fresh_images(4004, jobs)
-    history = {"internal": [], "visible": []}
-    texts = [image_to_tag(images[0]) + "What is in this picture?", image_to_tag(images[1]),
-             "What do you see?\n" + image_to_tag(images[2])]
-    for text, (colour, shape) in zip(texts, jobs):
+    # The UI's way (images sent beside the text), then tags written into the text (the API's way).
+    history = chat_turn(demo_host, "What is in this picture?", {"internal": [], "visible": []},
+                        multimodal_images=[images[0]])
+    assert history["internal"][-1][1] == answer_for(*jobs[0]), history["internal"][-1]
+    texts = [image_to_tag(images[1]), "What do you see?\n" + image_to_tag(images[2]),
+             image_to_tag(images[3]) + "Describe the image."]
+    for text, (colour, shape) in zip(texts, jobs[1:]):
         history = chat_turn(demo_host, text, history)
         assert history["internal"][-1][1] == answer_for(colour, shape), history["internal"][-1]
     history = chat_turn(demo_host, "Hello", history)

@@ -15,17 +15,15 @@ from extensions.multimodal.image_codec import IMAGE_TAG_RE, image_to_tag, tag_b6
 from modules import shared
 from modules.extensions import apply_extensions
 from modules.text_generation import decode, encode, generate_reply
-from tests.test_llava_hf import random_image, with_cls_token
+from tests.test_llava_hf import random_image
 
 ONE = "USER: {0}\nWhat is this?\nASSISTANT:"
 TWO = "USER: {0}\nWhat is this? And {1} this?\nASSISTANT:"
 
 
 @pytest.fixture(scope="module")
-def folders(llava_dir, llava_next_dir, tmp_path_factory):
-    base = tmp_path_factory.mktemp("fidelity")
-    return {"llava": with_cls_token(llava_dir, base / "tiny-llava-hf"),
-            "llava_next": with_cls_token(llava_next_dir, base / "tiny-llava-next-hf")}
+def folders(llava_dir, llava_next_dir):
+    return {"llava": llava_dir, "llava_next": llava_next_dir}
 
 
 def served(host, folder):

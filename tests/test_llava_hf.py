@@ -5,9 +5,6 @@ the logits that `model(**processor(text, images))` gives.
 """
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,26 +16,14 @@ from modules import shared
 PROMPT_2 = "USER: <image>\nWhat is this? And <image> this?\nASSISTANT:"
 
 
-def with_cls_token(src: Path, dst: Path) -> Path:
-    """A copy of a fixture folder whose processor counts the CLIP CLS position, like every llava-hf
-    checkpoint (`num_additional_image_tokens: 1`); without it the processor writes one `<image>` token
-    fewer than the model has features, and HF's own generate fails."""
-    shutil.copytree(src, dst)
-    config_file = dst / "processor_config.json"
-    config = json.loads(config_file.read_text())
-    config["num_additional_image_tokens"] = 1
-    config_file.write_text(json.dumps(config, indent=2))
-    return dst
+@pytest.fixture(scope="module")
+def llava_hf_dir(llava_dir):
+    return llava_dir
 
 
 @pytest.fixture(scope="module")
-def llava_hf_dir(llava_dir, tmp_path_factory):
-    return with_cls_token(llava_dir, tmp_path_factory.mktemp("hf") / "tiny-llava-hf")
-
-
-@pytest.fixture(scope="module")
-def llava_next_hf_dir(llava_next_dir, tmp_path_factory):
-    return with_cls_token(llava_next_dir, tmp_path_factory.mktemp("hf") / "tiny-llava-next-hf")
+def llava_next_hf_dir(llava_next_dir):
+    return llava_next_dir
 
 
 @pytest.fixture(params=["llava", "llava_next"])

@@ -34,6 +34,7 @@ class APIConfig:
     max_image_bytes: int = 20 * MB  # one decoded data URL or fetched image above this gets 413
     fetch_timeout_s: float = 10.0  # the whole fetch of one remote image, redirects included
     max_redirects: int = 5
+    max_images_per_request: int = 32  # bounds the concurrent fetches and decodes one request can start
 
 
 def config_from_args(args: argparse.Namespace) -> APIConfig:

@@ -43,6 +43,9 @@ class ChatInput:
 async def chat_input(messages: list[dict[str, Any]], config: APIConfig) -> ChatInput:
     parsed = [(role_of(m, i), pieces_of(m, i)) for i, m in enumerate(messages)]
     refs = [p for _, pieces in parsed for p in pieces if isinstance(p, ImageRef)]
+    if len(refs) > config.max_images_per_request:
+        raise APIError(400, f"The request holds {len(refs)} images; at most {config.max_images_per_request} are "
+                            f"accepted in one request", param="messages", code="too_many_images")
     tags = await asyncio.gather(*(url_to_tag(ref.url, config) for ref in refs)) if refs else []
     tag_of = {id(ref): tag for ref, tag in zip(refs, tags)}
     texts = [(role, "\n".join(tag_of[id(p)] if isinstance(p, ImageRef) else p for p in pieces))
