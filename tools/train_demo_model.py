@@ -104,8 +104,8 @@ def shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> l
         radii, count = [r], 3
     elif shape == "star":
         radii, count = [r, 0.42 * r], 10
-    elif shape == "cross":  # a plus sign: 12 corners, arms a third of the width
-        w = 0.34 * r
+    elif shape == "cross":  # a plus sign: 12 corners, arms 0.56 r wide
+        w = 0.28 * r
         pts = [(w, r), (w, w), (r, w), (r, -w), (w, -w), (w, -r),
                (-w, -r), (-w, -w), (-r, -w), (-r, w), (-w, w), (-w, r)]
         c, s = math.cos(angle), math.sin(angle)
@@ -421,8 +421,8 @@ def save(model, tokenizer, processor, out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--vision-steps", type=int, default=2500)
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--vision-steps", type=int, default=2800)
+    parser.add_argument("--steps", type=int, default=700)
     parser.add_argument("--vision-batch-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
