@@ -9,12 +9,13 @@ then runs a 5-turn chat with a new image on turns 1 and 3 and measures the time 
 All three embed every image in the conversation (add_all_images_to_prompt) so their greedy tokens must
 be identical. Prints a table and ends with one JSON line. `--device cuda` and larger sizes for GPUs.
 
-    python bench/multiturn.py            # ~2-4 minutes on 2 CPU cores
+    python bench/multiturn.py            # ~4 minutes on 2 CPU cores (3 interleaved repeats, medians)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -38,10 +39,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--text-hidden", type=int, default=768)
-    parser.add_argument("--text-layers", type=int, default=14)
+    parser.add_argument("--text-layers", type=int, default=17)
     parser.add_argument("--vision-layers", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--model-dir", type=str, default=None, help="reuse a model folder built earlier")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the table shows medians")
     return parser.parse_args()
 
 
@@ -255,19 +257,30 @@ def main() -> None:
         load_host(model_dir, args.device)
         counter = VisionCounter(shared.model)
         print("warm-up"); run_host(args, "warm-up", True, counter)
-        print("(b) host, caches off"); off = run_host(args, "b", False, counter)
-        print("(c) host, caches on"); on = run_host(args, "c", True, counter)
-        print("(a) Hugging Face generate(pixel_values=...)"); hf = run_hf(args, on["history"])
-        print("limit: new images + new tokens only"); limit = run_limit(args, on["history"], on["reused"])
-    report(hf, off, on, limit)
+        runs: dict[str, list] = {"a": [], "b": [], "c": [], "limit": []}
+        for repeat in range(args.repeats):  # interleaved, so machine noise hits every column alike
+            print(f"-- repeat {repeat + 1}/{args.repeats}")
+            runs["b"].append(run_host(args, "b", False, counter))
+            runs["c"].append(run_host(args, "c", True, counter))
+            runs["a"].append(run_hf(args, runs["c"][0]["history"]))
+            runs["limit"].append({"ttft": run_limit(args, runs["c"][0]["history"], runs["c"][-1]["reused"])})
+    report(*(median_run(runs[k]) for k in ("a", "b", "c")), median_run(runs["limit"])["ttft"],
+           all_replies=[r["replies"] for k in ("a", "b", "c") for r in runs[k]])
 
 
-def report(hf: dict, off: dict, on: dict, limit: list[float]) -> None:
+def median_run(results: list[dict]) -> dict:
+    """The first run, with each turn's TTFT replaced by the median over the runs."""
+    merged = dict(results[0])
+    merged["ttft"] = [statistics.median(r["ttft"][t] for r in results) for t in range(len(results[0]["ttft"]))]
+    return merged
+
+
+def report(hf: dict, off: dict, on: dict, limit: list[float], all_replies: list[list[str]]) -> None:
     print(f"\n{'turn':>4} {'(a) HF ms':>10} {'(b) off ms':>11} {'(c) on ms':>10} {'limit ms':>9} {'c/a':>6} {'c/limit':>8}")
     for t in range(len(QUESTIONS)):
         print(f"{t + 1:>4} {hf['ttft'][t] * 1e3:>10.1f} {off['ttft'][t] * 1e3:>11.1f} {on['ttft'][t] * 1e3:>10.1f} "
               f"{limit[t] * 1e3:>9.1f} {on['ttft'][t] / hf['ttft'][t]:>6.2f} {on['ttft'][t] / limit[t]:>8.2f}")
-    identical = hf["replies"] == off["replies"] == on["replies"]
+    identical = all(replies == all_replies[0] for replies in all_replies)
     if not identical:
         for t in range(len(QUESTIONS)):
             print(f"turn {t + 1}: a={hf['replies'][t]!r}\n        b={off['replies'][t]!r}\n        c={on['replies'][t]!r}")

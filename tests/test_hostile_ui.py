@@ -121,3 +121,15 @@ def test_a_prompt_that_cannot_fit_is_a_notice(llava_ui):
     html, after = outputs[-1]
     assert "Generation failed" in html or "Removed" in html
     good_turn_works(history)
+
+
+def test_images_dropped_by_truncation_are_told_in_the_chat(llava_ui):
+    script = sys.modules["extensions.multimodal.script"]
+    script.params["add_all_images_to_prompt"] = True
+    first, second = (tag_of_bytes(encoded(noise_image(i), "PNG")) for i in (11, 12))
+    history = {"internal": [], "visible": []}
+    # 16 tokens per image: both images and the text need ~44 tokens; 30 fit, so the first image goes.
+    html, after = list(ui_chat.generate(f"{first}{second}What?", history, 6, 0.0, 1.0, 36, None))[-1]
+    assert after["internal"][-1][1] and "⚠ Removed 1 image(s)" in after["visible"][-1][1]
+    assert "Removed" not in after["internal"][-1][1], "the notice is for the user, not the model"
+    assert "Removed 1 image(s)" in html
