@@ -121,11 +121,11 @@ def host_turn(history: dict, text: str, args) -> tuple[float, dict, str]:
     state.update(do_sample=False, max_new_tokens=args.max_new_tokens, ban_eos_token=True, seed=0, history=history)
     started = time.perf_counter()
     ttft = None
-    output = history
-    for output in chat.generate_chat_reply(text, state, loading_message=False):
-        if ttft is None:
+    latest = history
+    for latest in chat.generate_chat_reply(text, state, loading_message=False):
+        if ttft is None:  # the first yield carries the first generated token
             ttft = time.perf_counter() - started
-    return ttft, output, output["internal"][-1][1]
+    return ttft, latest, latest["internal"][-1][1]
 
 
 def user_message(turn: int, history_images: list) -> str:
@@ -256,7 +256,8 @@ def main() -> None:
         model_dir = Path(args.model_dir) if args.model_dir else build_model(Path(tmp) / "bench-llava", args)
         load_host(model_dir, args.device)
         counter = VisionCounter(shared.model)
-        print("warm-up"); run_host(args, "warm-up", True, counter)
+        print("warm-up")
+        run_host(args, "warm-up", True, counter)
         runs: dict[str, list] = {"a": [], "b": [], "c": [], "limit": []}
         for repeat in range(args.repeats):  # interleaved, so machine noise hits every column alike
             print(f"-- repeat {repeat + 1}/{args.repeats}")

@@ -89,10 +89,17 @@ def regenerate(history: dict, *values) -> Iterator[tuple[str, dict]]:
     yield from generate("", history, *values, regenerate=True)
 
 
-def take_inputs(text: str, *extension_values) -> tuple:
-    """First step of a send: (text, *values) into pending states, then clear the textbox and inputs."""
+def take_inputs(text: str, history: dict, *extension_values) -> tuple:
+    """First step of a send: (text, turns so far, *values) into pending states, then clear the inputs."""
     pending = tuple(v if v else None for v in extension_values)
-    return (text, *pending, "", *([None] * len(extension_values)))
+    return (text, len(history["internal"]), *pending, "", *([None] * len(extension_values)))
+
+
+def restore_unsent_text(text: str, history: dict, turns_before: int):
+    """A message that did not become a turn (its generation failed) goes back to the textbox: nothing typed is lost."""
+    if len(history["internal"]) > turns_before:
+        return gr.update()
+    return strip_image_tags(text)
 
 
 def remove_last(history: dict) -> tuple[str, dict, str]:
@@ -174,12 +181,16 @@ def wire_send(params: list) -> None:
     g = shared.gradio
     ext_inputs = [g["extension_inputs"][key] for key in extension_input_keys()]
     g["last_input"] = gr.State("")
+    turns_before = gr.State(0)
     pending = [gr.State(None) for _ in ext_inputs]
     for trigger in (g["Generate"].click, g["textbox"].submit):
-        trigger(take_inputs, [g["textbox"], *ext_inputs], [g["last_input"], *pending, g["textbox"], *ext_inputs],
+        trigger(take_inputs, [g["textbox"], g["history"], *ext_inputs],
+                [g["last_input"], turns_before, *pending, g["textbox"], *ext_inputs],
                 queue=False, show_progress="hidden").then(
             generate, [g["last_input"], g["history"], *params, *pending], [g["display"], g["history"]],
-            show_progress="hidden")
+            show_progress="hidden").then(
+            restore_unsent_text, [g["last_input"], g["history"], turns_before], g["textbox"],
+            queue=False, show_progress="hidden")
 
 
 def wire_events() -> None:

@@ -140,3 +140,24 @@ def test_sessions_do_not_share_pending_images(llava_server, browser, pictures):
     assert pending_count(first) == 1, "the first session's image is still pending"
     first.context.close()
     second.context.close()
+
+
+def test_a_broken_image_gives_a_notice_and_the_text_comes_back(llava_server, browser, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n but not really")
+    page = open_chat(browser, llava_server)
+    page.set_input_files(FILE_INPUT, [str(broken)])
+    page.wait_for_function("document.querySelector('#multimodal-images').innerText.includes('broken.png')",
+                           timeout=30_000)
+    send(page, "What is in this one?")
+    page.wait_for_selector("#chat-history .notice", timeout=120_000)
+    assert "image" in page.inner_text("#chat-history .notice")
+    assert page.locator("#chat-history .user").count() == 0, "no half turn in the history"
+    page.wait_for_function("document.querySelector('#chat-input textarea').value === 'What is in this one?'",
+                           timeout=30_000)
+    screenshot(page, "browser_multimodal_broken_image.png")
+    send(page, "Hello")  # the session still works; the new render replaces the notice
+    page.wait_for_function("!document.querySelector('#chat-history .notice')", timeout=60_000)
+    wait_for_reply(page, 1)
+    assert_nothing_ran(page)
+    page.context.close()

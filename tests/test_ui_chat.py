@@ -107,16 +107,27 @@ def test_send_reads_and_clears_inputs_before_generating(harness):
     textbox, note = g["textbox"]._id, g["harness_note"]._id
     for target, event in ((g["Generate"]._id, "click"), (textbox, "submit")):
         first = dependency(config, target, event)
-        assert first["queue"] is False and first["inputs"] == [textbox, note]
+        assert first["queue"] is False and first["inputs"] == [textbox, g["history"]._id, note]
         assert first["outputs"][-2:] == [textbox, note]
-        pending = first["outputs"][:2]
+        text_state, turns_state, note_state = first["outputs"][:3]
         then = [d for d in config["dependencies"] if d["trigger_after"] == first["id"]]
         assert len(then) == 1
-        assert then[0]["inputs"][0] == pending[0] and then[0]["inputs"][-1] == pending[1]
+        assert then[0]["inputs"][0] == text_state and then[0]["inputs"][-1] == note_state
         assert g["display"]._id in then[0]["outputs"] and g["history"]._id in then[0]["outputs"]
         assert interface.fns[first["id"]].fn is ui_chat.take_inputs
-    assert ui_chat.take_inputs("hi", ["a.png"]) == ("hi", ["a.png"], "", None)
-    assert ui_chat.take_inputs("hi", []) == ("hi", None, "", None)
+        restore = [d for d in config["dependencies"] if d["trigger_after"] == then[0]["id"]]
+        assert interface.fns[restore[0]["id"]].fn is ui_chat.restore_unsent_text
+        assert restore[0]["inputs"] == [text_state, g["history"]._id, turns_state]
+    empty = chat.new_history()
+    assert ui_chat.take_inputs("hi", empty, ["a.png"]) == ("hi", 0, ["a.png"], "", None)
+    assert ui_chat.take_inputs("hi", empty, []) == ("hi", 0, None, "", None)
+
+
+def test_a_message_whose_turn_failed_goes_back_to_the_textbox():
+    one_turn = {"internal": [["Hi", "Hello."]], "visible": [["Hi", "Hello."]]}
+    tag = '<img src="data:image/jpeg;base64,AAAA">'
+    assert ui_chat.restore_unsent_text(f"{tag}What is this?", one_turn, 1) == "What is this?"
+    assert ui_chat.restore_unsent_text("What is this?", one_turn, 0) == gr.update()
 
 
 def test_generate_streams_the_same_reply_as_the_chat_module(llama):
