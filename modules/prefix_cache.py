@@ -65,21 +65,23 @@ def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
     return cache
 
 
-def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, enabled: bool) -> dict:
-    """Keyword arguments for `model.generate` (inputs, attention mask and, when reusable, a cache)."""
+def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
+                    enabled: bool) -> tuple[dict, torch.Tensor | None]:
+    """Keyword arguments for `model.generate` (inputs, attention mask and, when reusable, a cache),
+    and the prompt's embeddings (n, hidden) to `remember` afterwards (None when reuse is off)."""
     kwargs: dict = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
     # LLaVA placeholder ids often equal the pad id; without an explicit mask transformers masks them.
-    kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=(inputs_embeds if inputs_embeds is not None else input_ids).device)
+    device = (inputs_embeds if inputs_embeds is not None else input_ids).device
+    kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=device)
     if not enabled:
         clear()
-        return kwargs
+        return kwargs, None
     prompt_embeds = (inputs_embeds if inputs_embeds is not None else embed_ids(input_ids))[0]
     cache = reusable_cache(prompt_embeds)
     kwargs["past_key_values"] = cache if cache is not None else DynamicCache(config=shared.model.config)
     stats["prefilled_tokens"] += length - (cache.get_seq_length() if cache is not None else 0)
-    kwargs["_prompt_embeds"] = prompt_embeds
-    return kwargs
+    return kwargs, prompt_embeds
 
 
 def remember(prompt_embeds: torch.Tensor, new_ids: list[int], cache) -> None:

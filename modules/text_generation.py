@@ -182,12 +182,12 @@ def stream_token_ids(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None
                      stop_event: threading.Event) -> Iterator[list[int]]:
     """Runs `model.generate` in a thread; yields each step's new token ids."""
     kwargs = sampling_params(state)
-    kwargs.update(prefix_cache.generate_inputs(input_ids, inputs_embeds, enabled=prefix_cache_enabled(state)))
+    inputs, prompt_embeds = prefix_cache.generate_inputs(input_ids, inputs_embeds, enabled=prefix_cache_enabled(state))
+    kwargs.update(inputs)
     processors = apply_extensions("logits_processor", LogitsProcessorList(), input_ids)
     kwargs["logits_processor"] = LogitsProcessorList(processors)
     kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnEvent(stop_event)])
     kwargs["return_dict_in_generate"] = True
-    prompt_embeds = kwargs.pop("_prompt_embeds", None)
     streamer = TokenQueue()
     thread = threading.Thread(target=run_generate, args=(kwargs, streamer, prompt_embeds), daemon=True)
     thread.start()
@@ -209,7 +209,8 @@ def prefix_cache_enabled(state: dict) -> bool:
 
 def partial_stop_index(text: str, stopping_strings: list[str]) -> int:
     """Where a possible start of a stopping string begins at the end of `text` (held back while streaming)."""
-    for i in range(len(text)):
+    longest = max((len(s) for s in stopping_strings), default=0)
+    for i in range(max(0, len(text) - longest + 1), len(text)):
         tail = text[i:]
         if any(s.startswith(tail) for s in stopping_strings):
             return i
