@@ -14,6 +14,8 @@ import queue
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -95,20 +97,20 @@ def get_custom_stopping_strings(state: dict) -> list[str]:
 
 
 class TokenQueue(BaseStreamer):
-    """Receives generated token ids from `model.generate` running in another thread."""
+    """Hands each step's generated token ids from `model.generate` to the consuming thread."""
 
-    def __init__(self):
-        self.queue: queue.Queue = queue.Queue()
+    def __init__(self, events: queue.Queue):
+        self.events = events
         self.prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:  # generate() first passes the prompt ids (empty for an embeddings prompt)
             self.prompt_seen = True
             return
-        self.queue.put(value.reshape(-1).tolist())
+        self.events.put(value.reshape(-1).tolist())
 
     def end(self) -> None:
-        self.queue.put(None)
+        """The producer signals the end itself, after the KV cache is kept."""
 
 
 class StopOnEvent(StoppingCriteria):
@@ -163,24 +165,47 @@ def text_for_plain_ids(question: str) -> str:
     return IMAGE_TAG.sub('<img src="data:image/jpeg;base64,">', question)
 
 
-def run_generate(generate_kwargs: dict, streamer: TokenQueue, prompt_embeds: torch.Tensor | None) -> None:
+# All model compute (the tokenizer hook's vision forward, prefill, decoding) runs on one long-lived
+# thread: requests arrive on many threads (Gradio, the API), and each new thread that calls into
+# torch builds and warms its own OpenMP team, which cost a prefill up to ~40% on 2 CPU cores.
+_compute_thread: ThreadPoolExecutor | None = None
+
+
+def compute_thread() -> ThreadPoolExecutor:
+    global _compute_thread
+    if _compute_thread is None:
+        _compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation")
+    return _compute_thread
+
+
+@dataclass
+class PromptReady:
+    """The first event of a generation: the prompt's length in tokens (image tokens included)."""
+    tokens: int
+
+
+def produce(question: str, state: dict, stop_event: threading.Event, events: queue.Queue) -> None:
+    """On the compute thread: model inputs, then `model.generate`; every outcome goes to `events`."""
     try:
         with torch.inference_mode():
-            output = shared.model.generate(**generate_kwargs, streamer=streamer)
-        if prompt_embeds is not None:
-            prompt_ids = generate_kwargs.get("input_ids")
-            # generate() returns prompt + new ids for an ids prompt, only new ids for an embeddings prompt
-            new_ids = output.sequences[0, 0 if prompt_ids is None else prompt_ids.shape[1]:].tolist()
-            prefix_cache.remember(prompt_embeds, new_ids, output.past_key_values)
-    except Exception as error:  # handed to the consumer thread, which re-raises it
+            question, input_ids, inputs_embeds = model_inputs(question, state)
+            events.put(PromptReady(int(input_ids.shape[-1])))
+            kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event)
+            output = shared.model.generate(**kwargs, streamer=TokenQueue(events))
+            if prompt_embeds is not None:
+                prompt_ids = kwargs.get("input_ids")
+                # generate() returns prompt + new ids for an ids prompt, only new ids for an embeddings prompt
+                new_ids = output.sequences[0, 0 if prompt_ids is None else prompt_ids.shape[1]:].tolist()
+                prefix_cache.remember(prompt_embeds, new_ids, output.past_key_values)
+    except Exception as error:  # handed to the consuming thread, which re-raises it
         prefix_cache.clear()
-        streamer.queue.put(error)
-        streamer.end()
+        events.put(error)
+    finally:
+        events.put(None)
 
 
-def stream_token_ids(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, state: dict,
-                     stop_event: threading.Event) -> Iterator[list[int]]:
-    """Runs `model.generate` in a thread; yields each step's new token ids."""
+def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, state: dict,
+                    stop_event: threading.Event) -> tuple[dict, torch.Tensor | None]:
     kwargs = sampling_params(state)
     inputs, prompt_embeds = prefix_cache.generate_inputs(input_ids, inputs_embeds, enabled=prefix_cache_enabled(state))
     kwargs.update(inputs)
@@ -188,19 +213,21 @@ def stream_token_ids(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None
     kwargs["logits_processor"] = LogitsProcessorList(processors)
     kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnEvent(stop_event)])
     kwargs["return_dict_in_generate"] = True
-    streamer = TokenQueue()
-    thread = threading.Thread(target=run_generate, args=(kwargs, streamer, prompt_embeds), daemon=True)
-    thread.start()
+    return kwargs, prompt_embeds
+
+
+def stream_events(question: str, state: dict, stop_event: threading.Event) -> Iterator[PromptReady | list[int]]:
+    """Runs `produce` on the compute thread; yields its events, re-raising its error."""
+    events: queue.Queue = queue.Queue()
+    done = compute_thread().submit(produce, question, state, stop_event, events)
     try:
-        while (item := streamer.queue.get()) is not None:
+        while (item := events.get()) is not None:
             if isinstance(item, Exception):
                 raise item
             yield item
-        if not streamer.queue.empty() and isinstance(error := streamer.queue.get(), Exception):
-            raise error
     finally:
         stop_event.set()
-        thread.join()
+        done.result()
 
 
 def prefix_cache_enabled(state: dict) -> bool:
@@ -232,16 +259,18 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
     if not is_chat:
         question = apply_extensions("input", question, state)
     state["notices"] = []  # extensions append what the user should be told (e.g. images dropped)
-    question, input_ids, inputs_embeds = model_inputs(question, state)
     stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
-    stats = {"prompt_tokens": int(input_ids.shape[-1]), "completion_tokens": 0, "finish_reason": "length"}
+    stats = {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"}
     state["generation_stats"] = stats
     started = time.time()
     new_ids: list[int] = []
     reply = ""
     stop_event = threading.Event()
-    for step_ids in stream_token_ids(input_ids, inputs_embeds, state, stop_event):
-        new_ids.extend(step_ids)
+    for event in stream_events(question, state, stop_event):
+        if isinstance(event, PromptReady):
+            stats["prompt_tokens"] = event.tokens
+            continue
+        new_ids.extend(event)
         reply = decode(new_ids, state.get("skip_special_tokens", True))
         hit = min((reply.find(s) for s in stops if s in reply), default=-1)
         if hit >= 0:
