@@ -10,7 +10,9 @@ import base64
 import io
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
@@ -85,4 +87,16 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+@contextmanager
+def serving(model_dir: Path, extension_names: list[str] | None = None):
+    """Loads `model_dir` into the host, serves the API on a free port, and restores the host afterwards."""
+    from tests import host_helpers
 
+    saved = host_helpers.snapshot()
+    host_helpers.load(model_dir, extension_names)
+    api = start_api()
+    try:
+        yield api
+    finally:
+        api.stop()
+        host_helpers.restore(saved)

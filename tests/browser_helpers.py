@@ -159,3 +159,12 @@ def screenshot(page, name: str) -> Path:
     path = ARTIFACTS / name
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@contextmanager
+def greedy_server(model_dir: Path, folder: Path, max_new_tokens: int):
+    """`server.py --model model_dir` with greedy decoding and short replies; yields its URL."""
+    settings = folder / "settings.yaml"
+    settings.write_text(f"max_new_tokens: {max_new_tokens}\nban_eos_token: true\ndo_sample: false\n")
+    with server_process(["--model", str(model_dir), "--settings", str(settings)], folder / "server.log") as url:
+        yield url

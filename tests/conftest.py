@@ -51,11 +51,7 @@ def host():
 @pytest.fixture(scope="module")
 def llama_api(llama_dir):
     """A live OpenAI-compatible API on the tiny Llama (one server per test module)."""
-    from tests import api_helpers, host_helpers
+    from tests import api_helpers
 
-    saved = host_helpers.snapshot()
-    host_helpers.load(llama_dir)
-    api = api_helpers.start_api()
-    yield api
-    api.stop()
-    host_helpers.restore(saved)
+    with api_helpers.serving(llama_dir) as api:
+        yield api

@@ -26,12 +26,8 @@ GREEDY = dict(model="any", temperature=0, max_tokens=10)
 
 @pytest.fixture(scope="module")
 def llava_api(llava_dir):
-    saved = host_helpers.snapshot()
-    host_helpers.load(llava_dir, ["multimodal"])
-    api = api_helpers.start_api()
-    yield api
-    api.stop()
-    host_helpers.restore(saved)
+    with api_helpers.serving(llava_dir, ["multimodal"]) as api:
+        yield api
 
 
 def expected_chat_reply(user: str, max_new_tokens: int = 10, history=None, system: str = "") -> tuple[str, dict]:

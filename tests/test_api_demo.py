@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from modules import shared
-from tests import api_helpers, host_helpers
+from tests import api_helpers
 from tests.conftest import ROOT
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL
@@ -22,12 +22,8 @@ pytestmark = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
 
 @pytest.fixture(scope="module")
 def demo_api():
-    saved = host_helpers.snapshot()
-    host_helpers.load(DEMO_DIR, ["multimodal"])
-    api = api_helpers.start_api()
-    yield api
-    api.stop()
-    host_helpers.restore(saved)
+    with api_helpers.serving(DEMO_DIR, ["multimodal"]) as api:
+        yield api
 
 
 def sixteen_pictures() -> list[tuple[str, str, bytes]]:

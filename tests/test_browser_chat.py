@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_helpers import (CHROMIUM, PAYLOAD, assert_nothing_ran, chromium, free_port, open_chat, record_replies, screenshot, send, server_process, wait_for_http, wait_for_reply)
+from tests.browser_helpers import (greedy_server, CHROMIUM, PAYLOAD, assert_nothing_ran, chromium, free_port, open_chat, record_replies, screenshot, send, wait_for_http, wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} "
                                 "(apt-get install chromium, or set CHROMIUM_PATH)")
@@ -27,9 +27,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromiu
 @pytest.fixture(scope="module")
 def llama_server(llama_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama-server")
-    settings = folder / "settings.yaml"
-    settings.write_text("max_new_tokens: 12\nban_eos_token: true\ndo_sample: false\n")
-    with server_process(["--model", str(llama_dir), "--settings", str(settings)], folder / "server.log") as url:
+    with greedy_server(llama_dir, folder, max_new_tokens=12) as url:
         yield url
 
 

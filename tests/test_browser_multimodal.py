@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.browser_helpers import (CHROMIUM, assert_nothing_ran, chromium, open_chat, screenshot, send,
-                                     server_process, wait_for_reply)
+from tests.browser_helpers import (greedy_server, CHROMIUM, assert_nothing_ran, chromium, open_chat, screenshot, send,
+                                     wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 
@@ -66,9 +66,7 @@ def pictures(tmp_path_factory):
 def llava_server(llava_dir, tmp_path_factory):
     """The real server; the multimodal extension turns on by itself for an image-text model."""
     folder = tmp_path_factory.mktemp("llava-server")
-    settings = folder / "settings.yaml"
-    settings.write_text("max_new_tokens: 6\nban_eos_token: true\ndo_sample: false\n")
-    with server_process(["--model", str(llava_dir), "--settings", str(settings)], folder / "server.log") as url:
+    with greedy_server(llava_dir, folder, max_new_tokens=6) as url:
         yield url
 
 
