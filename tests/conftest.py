@@ -55,3 +55,12 @@ def llama_api(llama_dir):
 
     with api_helpers.serving(llama_dir) as api:
         yield api
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright (one per test module)."""
+    from tests.browser_helpers import chromium
+
+    with chromium() as b:
+        yield b

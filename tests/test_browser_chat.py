@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_helpers import (greedy_server, CHROMIUM, PAYLOAD, assert_nothing_ran, chromium, free_port, open_chat, record_replies, screenshot, send, wait_for_http, wait_for_reply)
+from tests.browser_helpers import (greedy_server, CHROMIUM, PAYLOAD, assert_nothing_ran, free_port, open_chat, record_replies, screenshot, send, wait_for_http, wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} "
                                 "(apt-get install chromium, or set CHROMIUM_PATH)")
@@ -29,12 +29,6 @@ def llama_server(llama_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama-server")
     with greedy_server(llama_dir, folder, max_new_tokens=12) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 def test_server_serves_the_chat_and_a_reply_streams(llama_server, browser):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.browser_helpers import (greedy_server, CHROMIUM, assert_nothing_ran, chromium, open_chat, screenshot, send,
+from tests.browser_helpers import (greedy_server, CHROMIUM, assert_nothing_ran, open_chat, screenshot, send,
                                      wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
@@ -68,12 +68,6 @@ def llava_server(llava_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("llava-server")
     with greedy_server(llava_dir, folder, max_new_tokens=6) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 def pending_count(page) -> int:
