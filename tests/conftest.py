@@ -39,6 +39,13 @@ def llava_original_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture
+def llama(host, llama_dir):
+    """The tiny Llama loaded into the host, as `server.py --model` would."""
+    host.load(llama_dir)
+    return host
+
+
+@pytest.fixture
 def host():
     """Restores the host's global state after a test that loads models or extensions."""
     from tests import host_helpers

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+# Imported once, with the test modules: the `host` fixture drops extension modules from sys.modules
+# after each test, and a fresh import would raise error classes the tests do not hold.
+from extensions.multimodal.multimodal_embedder import MultimodalEmbedder
 from modules import shared
 
 
@@ -125,6 +128,15 @@ class VaryingFakePipeline(FakePipeline):
 def make_pipeline(name: str, params: dict) -> FakePipeline:
     spec = SPECS[name]
     return (VaryingFakePipeline if spec.varies_with_size else FakePipeline)(spec, params)
+
+
+def make_embedder(name: str = "fake-linear", **overrides):
+    """A MultimodalEmbedder over the fake pipeline `name`; `overrides` change the extension params."""
+    params = {"add_all_images_to_prompt": False, "vision_device": None, "vision_bits": 32, "projector_device": None,
+              "projector_bits": 32, "embedding_cache_mb": 256, "max_images_per_prompt": None,
+              "max_image_pixels": 40_000_000}
+    params.update(overrides)
+    return MultimodalEmbedder(params, pipeline=make_pipeline(name, params))
 
 
 # -- Images for tests --------------------------------------------------------------------------

@@ -12,12 +12,6 @@ from modules import chat, shared
 from modules.text_generation import get_encoded_length, get_max_prompt_length
 
 
-@pytest.fixture
-def llama(host, llama_dir):
-    host.load(llama_dir)
-    return host
-
-
 def history_of(turns: int) -> dict:
     internal = [[f"Question number {i} about a red circle?", f"Answer number {i}."] for i in range(turns)]
     return {"internal": internal, "visible": [list(t) for t in internal]}

@@ -14,26 +14,13 @@ from hypothesis import strategies as st
 
 from extensions.multimodal.embedding_cache import BoundedLRU
 from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
-from extensions.multimodal.multimodal_embedder import EmbeddingCountError, MultimodalEmbedder
+from extensions.multimodal.multimodal_embedder import EmbeddingCountError
 from extensions.multimodal.prompt_parts import split_prompt
 from modules import shared
 from modules.text_generation import encode
-from tests.multimodal_fake_pipeline import encoded, make_pipeline, noise_image, solid_image, tag, tag_of_bytes
+from tests.multimodal_fake_pipeline import make_embedder as make, encoded, noise_image, solid_image, tag, tag_of_bytes
 
 IMG = [tag(noise_image(seed)) for seed in range(4)]
-
-
-@pytest.fixture
-def llama(host, llama_dir):
-    host.load(llama_dir)
-    return host
-
-
-def make(name: str = "fake-linear", **overrides) -> MultimodalEmbedder:
-    params = {"add_all_images_to_prompt": False, "vision_device": None, "vision_bits": 32, "projector_device": None,
-              "projector_bits": 32, "embedding_cache_mb": 256, "max_images_per_prompt": None}
-    params.update(overrides)
-    return MultimodalEmbedder(params, pipeline=make_pipeline(name, params))
 
 
 def state(**overrides) -> dict:

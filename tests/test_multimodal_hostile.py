@@ -21,23 +21,13 @@ from extensions.multimodal.prompt_parts import split_prompt
 from modules import shared
 from modules.text_generation import generate_reply
 from tests.conftest import ROOT
-from tests.multimodal_fake_pipeline import encoded, make_pipeline, noise_image, solid_image, tag, tag_of_bytes
+from tests.multimodal_fake_pipeline import encoded, make_embedder, noise_image, solid_image, tag, tag_of_bytes
 
 GOOD = tag(noise_image(0))
 
 
-@pytest.fixture
-def llama(host, llama_dir):
-    host.load(llama_dir)
-    return host
-
-
 def make(name: str = "fake-linear", **overrides) -> MultimodalEmbedder:
-    params = {"add_all_images_to_prompt": True, "vision_device": None, "vision_bits": 32, "projector_device": None,
-              "projector_bits": 32, "embedding_cache_mb": 16, "max_images_per_prompt": None,
-              "max_image_pixels": 40_000_000}
-    params.update(overrides)
-    return MultimodalEmbedder(params, pipeline=make_pipeline(name, params))
+    return make_embedder(name, **{"add_all_images_to_prompt": True, "embedding_cache_mb": 16, **overrides})
 
 
 def state(**overrides) -> dict:

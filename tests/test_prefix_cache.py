@@ -1,16 +1,9 @@
 """Prefix KV reuse gives exactly the tokens a fresh run gives, and really reuses the prefix."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from modules import chat, prefix_cache, shared
-
-
-@pytest.fixture
-def llama(host, llama_dir):
-    host.load(llama_dir)
-    return host
 
 
 def turn(host, history: dict, text: str, reuse: bool, regenerate: bool = False) -> dict:

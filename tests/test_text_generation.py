@@ -1,17 +1,10 @@
 """encode/decode semantics and generate_reply against model.generate called directly."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from modules import shared, text_generation
 from modules.text_generation import decode, encode, generate_reply, get_max_prompt_length
-
-
-@pytest.fixture
-def llama(host, llama_dir):
-    host.load(llama_dir)
-    return host
 
 
 def test_encode_adds_one_bos_and_removes_duplicates(llama):

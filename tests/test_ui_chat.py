@@ -41,12 +41,6 @@ def tokenizer_modifier(state, prompt, input_ids, input_embeds):
 
 
 @pytest.fixture
-def llama(host, llama_dir):
-    host.load(llama_dir)
-    return host
-
-
-@pytest.fixture
 def harness(host, llama_dir, tmp_path):
     folder = tmp_path / "harness_ext"
     folder.mkdir()
