@@ -2,12 +2,16 @@
 
     python server.py                      # the shipped demo model, UI on http://127.0.0.1:7860
     python server.py --model NAME --api   # a model under models/, plus the OpenAI-compatible API
+
+As a library, `main(argv, logits_processors=[MyProcessor, "module.path:Class"])` also loads those
+logits processors (README.md, "Logits processors").
 """
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
+from typing import Sequence, Union
 
 from modules import shared
 from modules.logging_colors import logger
@@ -47,12 +51,17 @@ def launch_ui(block: bool) -> None:
                      footer_links=[])
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], logits_processors: Sequence[Union[str, type]] = ()) -> None:
     shared.args = shared.parse_args(argv)
+    from modules import logits_processor_loader  # after parsing: --help needs no torch
+
     used = shared.load_settings(shared.args.settings)
     if used is not None:
         logger.info(f"Loaded settings from {used}")
+    # Resolved before the model loads, so a wrong class path fails at once.
+    processor_classes = logits_processor_loader.requested_classes(shared.args.logits_processors, logits_processors)
     load_model_and_extensions()
+    shared.logits_processors = logits_processor_loader.build_runner(processor_classes)
     if shared.args.api:
         from modules.api import server as api_server
 
@@ -71,3 +80,10 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except KeyboardInterrupt:
         logger.info("Stopped.")
+    except ValueError as error:
+        from modules.logits_processor_loader import LogitsProcessorLoadError  # already imported by main()
+
+        if not isinstance(error, LogitsProcessorLoadError):
+            raise
+        logger.error(f"Cannot start: {error}")  # a start-up mistake: the message says the fix, no traceback
+        sys.exit(2)

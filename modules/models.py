@@ -19,7 +19,7 @@ import transformers
 from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor,
                           AutoTokenizer)
 
-from modules import shared
+from modules import model_settings, shared
 from modules.logging_colors import logger
 
 
@@ -113,6 +113,7 @@ def load_model(model_name: str):
         model = model.to("cpu")
     model.eval()
     shared.settings["truncation_length"] = context_length(model, shared.settings["truncation_length"])
+    model_settings.apply(path.name)
     return model, tokenizer
 
 

@@ -22,6 +22,9 @@ tokenizer: Any = None
 processor: Any = None  # an AutoProcessor for image-text models, else None
 model_name: str = "None"
 gradio: dict[str, Any] = {}
+# The batch-level logits processors (a modules.logits_bridge.LogitsProcessorRunner), built once at
+# start-up by server.py; None when none are loaded.
+logits_processors: Any = None
 
 # One generation at a time, for the UI and the API alike.
 generation_lock = threading.Lock()
@@ -47,8 +50,12 @@ default_settings: dict[str, Any] = {
     "default_extensions": [],
     "model": DEMO_MODEL,
     "prefix_cache": True,
+    # Per-request arguments for the loaded logits processors (their `RequestParams.extra_args`).
+    "logits_processor_args": {},
 }
 settings: dict[str, Any] = dict(default_settings)
+# Keys the user's settings file set: per-model settings (models/config.yaml) do not override them.
+user_setting_keys: set[str] = set()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--multimodal-pipeline", type=str, default=None,
                        help="The multimodal pipeline to use (implies --extensions multimodal).")
     group.add_argument("--settings", type=str, help="A YAML settings file (default: settings.yaml when present).")
+    group.add_argument("--logits-processors", type=str, nargs="+", default=[], metavar="MODULE:CLASS",
+                       help="Batch-level logits processors to load, as module.path:ClassName (installed "
+                            "'textgen.logits_processors' entry points load by themselves).")
 
     group = parser.add_argument_group("Server")
     group.add_argument("--listen", action="store_true", help="Listen on all interfaces, not only 127.0.0.1.")
@@ -115,4 +125,5 @@ def load_settings(path: str | Path | None = None) -> Path | None:
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: a settings file must hold a YAML mapping, got {type(loaded).__name__}")
     settings.update(loaded)
+    user_setting_keys.update(loaded)
     return path

@@ -5,21 +5,27 @@
 - `generate_reply(question, state, ...)`: a generator of the cumulative reply, one generation at a
   time behind `shared.generation_lock`. Before generating it calls the `tokenizer` hook; when that
   returns `inputs_embeds`, the model generates from those embeddings with an all-ones attention mask.
+  The loaded batch-level logits processors (`shared.logits_processors`) run first on each step's
+  logits, with `state['logits_processor_args']` as the request's `extra_args`; then the processors
+  extensions add through `logits_processor_modifier`.
 This module knows nothing about chat history or images.
 """
 from __future__ import annotations
 
 import ast
+import copy
 import queue
 import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import transformers
+from transformers import LogitsProcessor as HFLogitsProcessor
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
@@ -27,6 +33,7 @@ from modules import prefix_cache, shared
 from modules.extensions import apply_extensions, iterator
 from modules.html_generator import IMAGE_TAG
 from modules.logging_colors import logger
+from modules.logits_processors import RequestParams
 from modules.models import model_device
 
 
@@ -129,9 +136,13 @@ def set_seed(seed: int) -> int:
     return int(seed)
 
 
+def is_greedy(state: dict) -> bool:
+    return not state.get("do_sample", True) or float(state.get("temperature", 1.0)) == 0
+
+
 def sampling_params(state: dict) -> dict[str, Any]:
     params: dict[str, Any] = {"max_new_tokens": int(state["max_new_tokens"])}
-    if not state.get("do_sample", True) or float(state.get("temperature", 1.0)) == 0:
+    if is_greedy(state):
         params.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
         params.update(do_sample=True, temperature=float(state["temperature"]), top_p=float(state["top_p"]),
@@ -144,6 +155,32 @@ def sampling_params(state: dict) -> dict[str, Any]:
     if state.get("ban_eos_token") and eos is not None:
         params["suppress_tokens"] = [eos]
     return params
+
+
+def request_params(state: dict) -> RequestParams:
+    """What the batch-level logits processors learn about this request."""
+    args = state.get("logits_processor_args")
+    if args is not None and not isinstance(args, dict):
+        raise ValueError(f"logits_processor_args must be a mapping of argument names to values, "
+                         f"got {type(args).__name__}: {args!r:.80}")
+    greedy = is_greedy(state)
+    return RequestParams(
+        extra_args=copy.deepcopy(args) if args else None,  # a processor may keep or change its copy
+        greedy=greedy, temperature=0.0 if greedy else float(state.get("temperature", 1.0)),
+        top_p=float(state.get("top_p") or 1.0), top_k=int(state.get("top_k") or 0),
+        max_new_tokens=int(state["max_new_tokens"]))
+
+
+@contextmanager
+def batch_logits_processors(state: dict, input_ids: torch.Tensor) -> Iterator[HFLogitsProcessor | None]:
+    """This request in the loaded processors' batch for the length of the block (None: none loaded)."""
+    params = request_params(state)
+    runner = shared.logits_processors
+    if runner is None:
+        yield None
+        return
+    with runner.session([(params, input_ids[0].tolist())]) as bridge:
+        yield bridge
 
 
 def model_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
@@ -190,8 +227,9 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
         with torch.inference_mode():
             question, input_ids, inputs_embeds = model_inputs(question, state)
             events.put(PromptReady(int(input_ids.shape[-1])))
-            kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event)
-            output = shared.model.generate(**kwargs, streamer=TokenQueue(events))
+            with batch_logits_processors(state, input_ids) as batch_processors:
+                kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event, batch_processors)
+                output = shared.model.generate(**kwargs, streamer=TokenQueue(events))
             if prompt_embeds is not None:
                 prompt_ids = kwargs.get("input_ids")
                 # generate() returns prompt + new ids for an ids prompt, only new ids for an embeddings prompt
@@ -205,11 +243,14 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
 
 
 def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, state: dict,
-                    stop_event: threading.Event) -> tuple[dict, torch.Tensor | None]:
+                    stop_event: threading.Event,
+                    batch_processors: HFLogitsProcessor | None = None) -> tuple[dict, torch.Tensor | None]:
     kwargs = sampling_params(state)
     inputs, prompt_embeds = prefix_cache.generate_inputs(input_ids, inputs_embeds, enabled=prefix_cache_enabled(state))
     kwargs.update(inputs)
-    processors = apply_extensions("logits_processor", LogitsProcessorList(), input_ids)
+    # The batch-level processors see the raw logits first, as in vLLM; extensions append theirs after.
+    first = [batch_processors] if batch_processors is not None else []
+    processors = apply_extensions("logits_processor", LogitsProcessorList(first), input_ids)
     kwargs["logits_processor"] = LogitsProcessorList(processors)
     kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnEvent(stop_event)])
     kwargs["return_dict_in_generate"] = True

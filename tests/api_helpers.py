@@ -88,12 +88,13 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
 
 
 @contextmanager
-def serving(model_dir: Path, extension_names: list[str] | None = None):
-    """Loads `model_dir` into the host, serves the API on a free port, and restores the host afterwards."""
+def serving(model_dir: Path, extension_names: list[str] | None = None, **load_kwargs):
+    """Loads `model_dir` into the host (`load_kwargs` as in `host_helpers.load`), serves the API on a free
+    port, and restores the host afterwards."""
     from tests import host_helpers
 
     saved = host_helpers.snapshot()
-    host_helpers.load(model_dir, extension_names)
+    host_helpers.load(model_dir, extension_names, **load_kwargs)
     api = start_api()
     try:
         yield api

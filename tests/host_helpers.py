@@ -6,19 +6,25 @@ import importlib
 import sys
 from pathlib import Path
 
-from modules import extensions, models, prefix_cache, shared
+from modules import extensions, logits_processor_loader, models, prefix_cache, shared
 
 
 def snapshot() -> dict:
     return {"args": copy.deepcopy(shared.args), "settings": copy.deepcopy(shared.settings),
-            "model": (shared.model, shared.tokenizer, shared.processor, shared.model_name)}
+            "user_setting_keys": set(shared.user_setting_keys),
+            "model": (shared.model, shared.tokenizer, shared.processor, shared.model_name),
+            "logits_processors": shared.logits_processors}
 
 
 def restore(saved: dict) -> None:
     shared.args = saved["args"]
     shared.settings.clear()
     shared.settings.update(saved["settings"])
+    shared.user_setting_keys.clear()
+    shared.user_setting_keys.update(saved["user_setting_keys"])
+    model_settings.applied.clear()
     shared.model, shared.tokenizer, shared.processor, shared.model_name = saved["model"]
+    shared.logits_processors = saved["logits_processors"]
     shared.stop_everything = False
     extensions.reset()
     prefix_cache.clear()
@@ -28,14 +34,19 @@ def restore(saved: dict) -> None:
 
 
 def load(model_dir: Path, extension_names: list[str] | None = None, argv: list[str] | None = None,
-         settings: dict | None = None) -> None:
-    """`server.py`'s start-up for a model folder: load the model, then the extensions."""
+         settings: dict | None = None, logits_processors: list | None = None) -> None:
+    """`server.py`'s start-up for a model folder: the logits processor classes (`--logits-processors` in
+    `argv`, `logits_processors` given as in `server.main`, installed entry points), the model, the
+    extensions, then the processors."""
     shared.args = shared.parse_args((argv or []) + ["--model", str(model_dir)] +
                                     (["--extensions", *extension_names] if extension_names else []))
     shared.settings.update(settings or {})
+    shared.user_setting_keys.update(settings or {})  # as if from the user's settings file
+    classes = logits_processor_loader.requested_classes(shared.args.logits_processors, logits_processors or [])
     shared.model, shared.tokenizer = models.load_model(str(model_dir))
     shared.model_name = Path(model_dir).name
     extensions.load_extensions()
+    shared.logits_processors = logits_processor_loader.build_runner(classes)
 
 
 def greedy_state(**overrides) -> dict:

@@ -6,7 +6,10 @@ Names and signatures are text-generation-webui's, so an extension runs in either
 Start-up (`modules.extensions.load_extensions`):
   1. the module is imported;
   2. `params` is updated from settings keys `example-<key>` (e.g. `example-prefix: ">> "`);
-  3. `setup()` is called once.
+  3. `setup()` is called once;
+  then the host constructs the classes in `logits_processors` (batch-level logits processors,
+  `modules/logits_processors.py`; an example is `examples/target_token.py`) with every other
+  loaded processor. text-generation-webui ignores that list: use hook 9 there.
 Building the UI (`modules.ui_chat`): `custom_css()`, `custom_js()`, then `ui()` below the chat.
 Each chat turn (`modules.chat.chatbot_wrapper`):
   4. `history_modifier(history)`, `state_modifier(state)`;
@@ -25,6 +28,9 @@ params = {
     "display_name": "Example",
     "is_tab": False,
 }
+
+# Subclasses of modules.logits_processors.LogitsProcessor, constructed once after setup().
+logits_processors: list = []
 
 
 def setup() -> None:

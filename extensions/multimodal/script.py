@@ -10,6 +10,9 @@ Hooks, in the order the host calls them:
 - `tokenizer_modifier(state, prompt, input_ids, input_embeds)`: for a prompt with images,
   `(prompt, input_ids [1, n] int64, inputs_embeds [1, n, hidden])` on the model's device and dtype;
   other prompts come back unchanged.
+- `logits_processor_modifier(processor_list, input_ids)`: in text-generation-webui, adds the ban on
+  image placeholder tokens (extensions/multimodal/placeholder_ban.py). This repository's host
+  constructs the batch-level `logits_processors` after `setup()` instead, and this hook adds nothing.
 `image_bytes_to_tag(data)` turns image bytes into the history's tag (the API uses it).
 Settings `multimodal-<key>` override `params[key]` before `setup()`.
 """
@@ -25,9 +28,17 @@ from PIL import Image
 from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError, bytes_to_tag,
                                                image_to_tag, ordinal)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder
+from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids
 from modules import shared
 from modules.logging_colors import logger
 from modules.models import model_device
+
+try:
+    from extensions.multimodal.placeholder_ban_batch import PlaceholderBan
+except ImportError as error:  # a host without batch-level processors (text-generation-webui)
+    if error.name != "modules.logits_processors":
+        raise
+    PlaceholderBan = None
 
 params = {
     "add_all_images_to_prompt": False,
@@ -62,6 +73,9 @@ multimodal_embedder: Optional[MultimodalEmbedder] = None
 # Longest side stored in history when the pipeline states no preference (keeps histories small).
 DEFAULT_HISTORY_MAX_SIDE = 1024
 IMAGE_PLACEHOLDER = "<image>"
+
+# Batch-level logits processor classes; the host constructs them after setup() (other hosts ignore this).
+logits_processors = [PlaceholderBan] if PlaceholderBan is not None else []
 
 
 def setup() -> None:
@@ -168,3 +182,10 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
     device = model_device()
     dtype = shared.model.get_input_embeddings().weight.dtype
     return prompt, ids.unsqueeze(0).to(device, torch.int64), embeds.unsqueeze(0).to(device, dtype)
+
+
+def logits_processor_modifier(processor_list, input_ids):
+    """text-generation-webui's hook: ban the image placeholder ids where `PlaceholderBan` cannot run."""
+    if PlaceholderBan is None and multimodal_embedder is not None:
+        processor_list.append(HFPlaceholderBan(placeholder_ids(multimodal_embedder.pipeline)))
+    return processor_list

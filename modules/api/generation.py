@@ -47,6 +47,12 @@ def build_state(params: GenerationParams) -> dict[str, Any]:
         if getattr(params, key) is not None:
             state[key] = getattr(params, key)
     state["seed"] = -1 if params.seed is None else params.seed
+    if params.logits_processor_args is not None and params.vllm_xargs is not None:
+        raise APIError(422, "Send logits_processor_args or vllm_xargs (the same thing under vLLM's name), not both",
+                       param="vllm_xargs", code="invalid_parameter")
+    args = params.logits_processor_args if params.logits_processor_args is not None else params.vllm_xargs
+    if args is not None:
+        state["logits_processor_args"] = args
     return state
 
 

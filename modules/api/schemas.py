@@ -36,6 +36,9 @@ class GenerationParams(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0)
     ban_eos_token: bool | None = None
     truncation_length: int | None = Field(None, ge=1)
+    # Arguments for the loaded logits processors (their `RequestParams.extra_args`); vLLM's name works too.
+    logits_processor_args: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(GenerationParams):

@@ -1,0 +1,1 @@
+"""Example plug-ins for the host (see README.md, "Logits processors")."""

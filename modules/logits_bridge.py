@@ -1,0 +1,132 @@
+"""Running the loaded batch-level logits processors inside Hugging Face `generate`.
+
+`LogitsProcessorRunner` owns the processors constructed at start-up and the persistent batch.
+`session(requests)` puts one `generate` call's requests (one per row of its batch) into the batch
+and yields `BatchBridge`, a `transformers.LogitsProcessor` to pass to `generate`; leaving the `with`
+block takes them out again. At every step the bridge:
+1. appends the tokens generated since the last step to each request's output ids;
+2. flushes the batch into one `BatchUpdate` and hands it to every processor's `update_state`;
+3. runs `apply` on the `(num_requests, vocab)` logits in batch-index order, skipping argmax-invariant
+   processors when every request is greedy.
+A processor that raises fails the step, and so the `generate` call, with a `LogitsProcessorError`
+naming it; it stays loaded (the next request's add replaces the failed one in its state).
+One `generate` call at a time (the host's generation lock), so the batch is that call's rows.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch
+from transformers import LogitsProcessor as HFLogitsProcessor
+
+from modules.logits_batch import PersistentBatch, Slot
+from modules.logits_processors import BatchUpdate, LogitsProcessor, RequestParams
+
+
+class LogitsProcessorError(RuntimeError):
+    """A loaded logits processor raised while a request was generating."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    processor: LogitsProcessor
+    name: str  # module:Class, for messages
+    argmax_invariant: bool  # read once, at start-up
+
+
+def class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class LogitsProcessorRunner:
+    def __init__(self, processors: Sequence[LogitsProcessor]):
+        self.loaded = [Loaded(p, class_name(type(p)), bool(p.is_argmax_invariant())) for p in processors]
+        self.batch = PersistentBatch()
+        self._in_session = False
+
+    @property
+    def processors(self) -> list[LogitsProcessor]:
+        return [entry.processor for entry in self.loaded]
+
+    def validate(self, params: RequestParams) -> None:
+        """Each processor's `validate_params`: a ValueError there is the caller's mistake (API: 400)."""
+        for entry in self.loaded:
+            type(entry.processor).validate_params(params)
+
+    @contextmanager
+    def session(self, requests: Sequence[tuple[RequestParams, Optional[list[int]]]]) -> Iterator[BatchBridge]:
+        """`requests`: (params, prompt ids) per row of the `generate` batch, in row order."""
+        if self._in_session:
+            raise RuntimeError("Logits processors run one generate call at a time; another one is running")
+        for params, _ in requests:
+            self.validate(params)
+        slots = [Slot(params, prompt_ids) for params, prompt_ids in requests]
+        for slot in slots:
+            self.batch.add(slot)
+        self._in_session = True
+        try:
+            yield BatchBridge(self, slots)
+        finally:
+            for slot in slots:
+                self.batch.remove(slot)
+            self._in_session = False
+
+    def step(self, scores: torch.Tensor, rows: list[Slot]) -> torch.Tensor:
+        """`scores` (rows, vocab), row r belonging to `rows[r]` -> the processed scores, same order."""
+        self._update_all(self.batch.flush())
+        assert self.batch.size == len(rows), "one generate call at a time: the batch is its rows"
+        order = [slot.index for slot in rows]  # row r sits at batch index order[r]
+        in_order = order == list(range(len(rows)))
+        logits = scores if in_order else scores[torch.argsort(torch.tensor(order))]  # (num_requests, vocab)
+        skip_invariant = self.batch.all_greedy()
+        for entry in self.loaded:
+            if not (skip_invariant and entry.argmax_invariant):
+                logits = self._apply(entry, logits)
+        return logits if in_order else logits[order]
+
+    def _update_all(self, update: Optional[BatchUpdate]) -> None:
+        """Every processor sees every update, even after one of them failed: their views stay exact."""
+        failure = None
+        for entry in self.loaded:
+            try:
+                entry.processor.update_state(update)
+            except Exception as error:
+                failure = failure or (entry, error)
+        if failure is not None:
+            entry, error = failure
+            raise LogitsProcessorError(f"Logits processor {entry.name} failed in update_state(): "
+                                       f"{type(error).__name__}: {error}") from error
+
+    def _apply(self, entry: Loaded, logits: torch.Tensor) -> torch.Tensor:
+        try:
+            result = entry.processor.apply(logits)
+        except Exception as error:
+            raise LogitsProcessorError(f"Logits processor {entry.name} failed in apply(): "
+                                       f"{type(error).__name__}: {error}") from error
+        if not isinstance(result, torch.Tensor) or result.shape != logits.shape:
+            got = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
+            raise LogitsProcessorError(f"Logits processor {entry.name}: apply() returned {got}; "
+                                       f"expected a tensor of shape {tuple(logits.shape)}")
+        return result
+
+
+class BatchBridge(HFLogitsProcessor):
+    """The runner as one Hugging Face logits processor, for one `generate` call."""
+
+    def __init__(self, runner: LogitsProcessorRunner, slots: list[Slot]):
+        self.runner = runner
+        self.slots = slots
+        self.seen: Optional[int] = None  # input_ids columns already accounted for
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.seen is None:
+            self.seen = input_ids.shape[1]  # the prompt ids (none for an embeddings prompt)
+        elif input_ids.shape[1] > self.seen:
+            # One small copy per step (the streamer makes the same one): processors read plain lists.
+            new = input_ids[:, self.seen:].tolist()
+            self.seen = input_ids.shape[1]
+            for slot, ids in zip(self.slots, new):
+                slot.output_ids.extend(ids)
+        return self.runner.step(scores, self.slots)
