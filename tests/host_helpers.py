@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from modules import extensions, logits_processor_loader, models, prefix_cache, shared
+from modules import extensions, logits_processor_loader, model_settings, models, prefix_cache, shared
 
 
 def snapshot() -> dict:

@@ -27,15 +27,14 @@ def demo_api():
 
 
 def sixteen_pictures() -> list[tuple[str, str, bytes]]:
-    """16 of the 35 colour/shape pictures that tests/test_demo_model.py checks through transformers
-    (same seed and drawing, so the same pixels), each sent as PNG bytes."""
-    from tools.train_demo_model import COLOURS, SHAPES, as_host_stores, render_shape
+    """16 different colour/shape pictures (fresh seeds), each sent as PNG bytes."""
+    from tools.demo_pictures import COLOURS, SHAPES, picture, random_scene
 
     rng = random.Random(1001)
     every = [(c, s) for c in COLOURS for s in SHAPES]
-    images = [as_host_stores(render_shape(c, s, rng), rng, quality=90) for c, s in every]
+    images = [picture(random_scene(rng, kinds=[(c, s)]), rng, quality=90) for c, s in every]
     pictures = []
-    for (colour, shape), image in list(zip(every, images))[::2][:16]:
+    for (colour, shape), image in list(zip(every, images))[:16]:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         pictures.append((colour, shape, buffer.getvalue()))
@@ -44,14 +43,14 @@ def sixteen_pictures() -> list[tuple[str, str, bytes]]:
 
 def ask(api: api_helpers.LiveAPI, data: bytes) -> str:
     content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(data)}},
-               {"type": "text", "text": "What is in this picture?"}]
+               {"type": "text", "text": "Describe the image."}]
     result = api.client().chat.completions.create(model=shared.model_name, temperature=0, max_tokens=24,
                                                   messages=[{"role": "user", "content": content}])
     return result.choices[0].message.content
 
 
 def test_sixteen_concurrent_requests_name_their_own_picture(demo_api):
-    from tools.train_demo_model import COLOURS, SHAPES
+    from tools.demo_pictures import COLOURS, SHAPES
 
     pictures = sixteen_pictures()
     assert len({(c, s) for c, s, _ in pictures}) == 16

@@ -1,8 +1,10 @@
 """The newcomer's path: `python server.py` with no flags serves the shipped demo in a real browser.
 
 No --model, no --extensions: the server loads `models/tiny-llava-shapes` from the default settings,
-turns the multimodal extension on by itself, and answers a picture by naming its colour and shape.
-(A settings file asks for greedy decoding, so the answer checked is deterministic.)
+turns the multimodal extension on by itself, prints its URL, and answers about uploaded pictures:
+one picture; a text-only turn; two pictures in one message. The screenshot of that conversation is the README's
+(`docs/demo-chat.png` is copied from `test-artifacts/browser_demo_chat.png`). A settings file asks
+for greedy decoding, so the answers checked are deterministic.
 """
 from __future__ import annotations
 
@@ -12,9 +14,18 @@ from pathlib import Path
 import pytest
 
 from modules import shared
-from tests.browser_helpers import CHROMIUM, chromium, open_chat, screenshot, send, server_process, wait_for_reply
+from tests.browser_helpers import (
+    CHROMIUM,
+    chromium,
+    open_chat,
+    screenshot,
+    send,
+    server_process,
+    wait_for_reply,
+)
 from tests.conftest import ROOT
-from tools.train_demo_model import render_shape
+from tools.demo_chats import TEXT_CHAT
+from tools.demo_pictures import draw_scene, random_scene
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 
@@ -25,20 +36,39 @@ def demo_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("demo-server")
     settings = folder / "settings.yaml"
     settings.write_text("do_sample: false\n")
-    with server_process(["--settings", str(settings)], folder / "server.log") as url:
-        yield url
+    log = folder / "server.log"
+    with server_process(["--settings", str(settings)], log) as url:
+        yield url, log
 
 
-@pytest.mark.parametrize("colour, shape", [("red", "circle"), ("blue", "square")])
-def test_no_flags_starts_the_demo_and_it_names_the_picture(demo_server, tmp_path, colour, shape):
-    picture = tmp_path / f"{colour}-{shape}.png"
-    render_shape(colour, shape, random.Random(7), width=200, height=160).save(picture)
+def save_picture(folder: Path, kinds: list[tuple[str, str]], seed: int) -> str:
+    rng = random.Random(seed)
+    path = folder / ("-".join(f"{c}-{s}" for c, s in kinds) + ".png")
+    draw_scene(random_scene(rng, kinds=kinds), rng, size=(200, 160)).save(path)
+    return str(path)
+
+
+def attach(page, files: list[str]) -> None:
+    page.set_input_files("#multimodal-images input[type=file]", files)
+    page.wait_for_function(f"document.querySelectorAll('#multimodal-preview img').length === {len(files)}",
+                           timeout=30_000)
+
+
+def test_no_flags_starts_the_demo_and_it_answers_about_the_pictures(demo_server, tmp_path):
+    url, log = demo_server
+    assert url.rstrip("/") in log.read_text(), "the server prints its URL"
+    red_circle = save_picture(tmp_path, [("red", "circle")], 7)
+    blue_square = save_picture(tmp_path, [("blue", "square")], 8)
     with chromium() as browser:
-        page = open_chat(browser, demo_server)
-        page.set_input_files("#multimodal-images input[type=file]", [str(picture)])
-        page.wait_for_function("document.querySelectorAll('#multimodal-preview img').length === 1", timeout=30_000)
-        send(page, "What is in this picture?")
-        reply = wait_for_reply(page, 1)
-        screenshot(page, f"browser_demo_{colour}_{shape}.png")
+        page = open_chat(browser, url)
+        turns = [([red_circle], "What shape is this?"), ([], "What can you do?"),
+                 ([red_circle, blue_square], "Which image has the blue shape?")]
+        replies = []
+        for number, (files, text) in enumerate(turns, start=1):
+            if files:
+                attach(page, files)
+            send(page, text)
+            replies.append(wait_for_reply(page, number))
+        screenshot(page, "browser_demo_chat.png")
         page.context.close()
-    assert colour in reply.lower() and shape in reply.lower(), reply
+    assert replies == ["It is a circle.", TEXT_CHAT["What can you do?"], "The second."], replies

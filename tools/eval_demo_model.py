@@ -1,0 +1,160 @@
+"""Measure the demo model through the path users take: the host's chat, the multimodal extension.
+
+    python tools/eval_demo_model.py                       # the shipped model, 100 questions per kind
+    python tools/eval_demo_model.py --model /tmp/m --seed 7 --n 50
+
+Each question is a chat turn sent as the UI sends it: the pictures go in `state['multimodal_images']`,
+the extension stores them as JPEG `<img>` tags in the history, splits the prompt, embeds the images
+with the llava-hf pipeline and stitches `inputs_embeds`; the host generates greedily. Pictures are
+fresh: drawn from `--seed`, which training (seed 0 and its stream) never used.
+Prints the accuracy per question kind, then one JSON line of those accuracies.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.demo_chats import (
+    COLOUR_QUESTIONS,
+    COUNT_QUESTIONS,
+    COUNT_WORDS,
+    DESCRIBE_QUESTIONS,
+    ORDER_QUESTION,
+    POSITION_QUESTIONS,
+    SHAPE_QUESTIONS,
+    TEXT_CHAT,
+    describe,
+)
+from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene, picture, random_scene
+
+KINDS = ("shape", "colour", "count", "position", "describe", "order", "history", "text")
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def names_only(reply: str, right: str, vocabulary) -> bool:
+    """The reply names `right` and no other word of `vocabulary`."""
+    said = words(reply) & set(vocabulary)
+    return said == {right}
+
+
+def count_said(reply: str) -> int | None:
+    said = {COUNT_WORDS.index(w) + 1 for w in words(reply) & set(COUNT_WORDS)}
+    said |= {int(w) for w in words(reply) if w.isdigit()}
+    return said.pop() if len(said) == 1 else None
+
+
+def order_said(reply: str) -> int | None:
+    said = words(reply) & {"first", "second"}
+    return ["first", "second"].index(said.pop()) if len(said) == 1 else None
+
+
+def is_right(kind: str, reply: str, scenes: list[Scene], which: int | None) -> bool:
+    item = scenes[-1].items[0]
+    if kind in ("shape", "history"):
+        return names_only(reply, item.shape, SHAPES)
+    if kind == "colour":
+        return names_only(reply, item.colour, COLOURS)
+    if kind == "count":
+        return count_said(reply) == len(scenes[0].items)
+    if kind == "position":
+        return POSITIONS[item.cell] in reply.lower() and sum(p in reply.lower() for p in POSITIONS) == 1
+    if kind == "describe":
+        return reply.strip() == describe(scenes[0])
+    if kind == "order":
+        return order_said(reply) == which
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def load_host(model: Path, threads: int, add_all_images: bool | None = None) -> None:
+    import logging
+
+    import torch
+
+    import server
+    from modules import shared
+    from modules.logging_colors import logger
+
+    torch.set_num_threads(threads)
+    logger.setLevel(logging.WARNING)  # one line per generation would bury the figures
+    shared.args = shared.parse_args(["--model", str(model), "--cpu"])
+    if add_all_images is not None:  # as a settings file would, over models/config.yaml
+        shared.settings["multimodal-add_all_images_to_prompt"] = add_all_images
+        shared.user_setting_keys.add("multimodal-add_all_images_to_prompt")
+    server.load_model_and_extensions()
+
+
+def chat_turn(text: str, history: dict, images: list) -> tuple[str, dict]:
+    from modules import shared
+    from modules.chat import generate_chat_reply
+
+    state = dict(shared.settings, do_sample=False, max_new_tokens=24, seed=0, history=history,
+                 multimodal_images=list(images))
+    history = list(generate_chat_reply(text, state, loading_message=False))[-1]
+    return history["internal"][-1][1], history
+
+
+def new_history() -> dict:
+    return {"internal": [], "visible": []}
+
+
+def ask(kind: str, rng: random.Random) -> bool:
+    """One fresh question of this kind through the host; True when answered right."""
+    if kind == "text":
+        prompt = rng.choice(list(TEXT_CHAT))
+        return chat_turn(prompt, new_history(), [])[0] == TEXT_CHAT[prompt]
+    if kind == "order":
+        colours = rng.sample(list(COLOURS), 2)
+        scenes = [random_scene(rng, kinds=[(c, rng.choice(SHAPES))]) for c in colours]
+        which = rng.randrange(2)
+        question = ORDER_QUESTION.format(colour=colours[which])
+        reply, _ = chat_turn(question, new_history(), [picture(s, rng, quality=90) for s in scenes])
+        return is_right(kind, reply, scenes, which)
+    if kind == "history":  # an earlier picture, answered by the model itself, then a new one
+        earlier, now = random_scene(rng, count=1), random_scene(rng, count=1)
+        _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [picture(earlier, rng, quality=90)])
+        reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [picture(now, rng, quality=90)])
+        return is_right(kind, reply, [earlier, now], None)
+    one_shape = kind in ("shape", "colour", "position")
+    scene = random_scene(rng, count=1 if one_shape else None)
+    question = {"shape": SHAPE_QUESTIONS, "colour": COLOUR_QUESTIONS, "count": COUNT_QUESTIONS,
+                "position": POSITION_QUESTIONS, "describe": DESCRIBE_QUESTIONS}[kind][0]
+    reply, _ = chat_turn(question, new_history(), [picture(scene, rng, quality=90)])
+    return is_right(kind, reply, [scene], None)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-llava-shapes")
+    parser.add_argument("--seed", type=int, default=20261122, help="a seed training never used")
+    parser.add_argument("--n", type=int, default=100, help="questions per kind")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--add-all-images", choices=("on", "off"),
+                        help="override the model's add_all_images_to_prompt (the demo's is on)")
+    args = parser.parse_args(argv)
+    load_host(args.model, args.threads, None if args.add_all_images is None else args.add_all_images == "on")
+    accuracies: dict[str, float] = {}
+    for kind in args.kinds:
+        rng = random.Random(f"{args.seed}-{kind}")
+        start = time.time()
+        right = sum(ask(kind, rng) for _ in range(args.n))
+        accuracies[kind] = round(right / args.n, 4)
+        print(f"{kind:9s} {right:4d}/{args.n}  {accuracies[kind]:.1%}  ({time.time() - start:.0f} s)", flush=True)
+    print(json.dumps(accuracies))
+    return accuracies
+
+
+if __name__ == "__main__":
+    main()
