@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import subprocess
 import sys
 
@@ -30,10 +29,12 @@ from tools.demo_chats import (
     SHAPE_QUESTIONS,
     Sample,
     encode_sample,
+    single_answers,
     single_image_turn,
     two_image_turn,
 )
 from tools.demo_pictures import picture, random_scene
+from tools.eval_demo_model import chat_turn, new_history
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
@@ -86,19 +87,6 @@ def load_demo(host, **settings):
     from extensions.multimodal import script
 
     return script
-
-
-def chat_turn(text: str, history: dict, images: list) -> tuple[str, dict]:
-    from modules.chat import generate_chat_reply
-    from tests.host_helpers import greedy_state
-
-    state = greedy_state(max_new_tokens=24, history=history, multimodal_images=list(images))
-    history = list(generate_chat_reply(text, state, loading_message=False))[-1]
-    return history["internal"][-1][1], history
-
-
-def new_history() -> dict:
-    return {"internal": [], "visible": []}
 
 
 @pytest.fixture
@@ -162,7 +150,7 @@ def newest_image_answers(script, seed: int, chats: int = 10) -> int:
         old, new = random_scene(rng, count=1), random_scene(rng, count=1)
         _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [picture(old, rng, quality=90)])
         reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [picture(new, rng, quality=90)])
-        right += reply == f"It is {'an' if new.items[0].shape[0] in 'aeiou' else 'a'} {new.items[0].shape}."
+        right += reply == single_answers(new)["shape"]
         assert script.embedder().last_stats.images == (2 if script.params["add_all_images_to_prompt"] else 1)
     return right
 
@@ -178,11 +166,11 @@ def test_add_all_images_on_and_off_answers_are_about_the_newest_image(host, add_
 
 def test_the_host_answers_as_transformers_does(demo):
     """Greedy replies through the host equal `generate(**processor(text, images))` on the same JPEGs."""
-    from extensions.multimodal.image_codec import tag_b64_to_image
+    from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
 
     red, blue = one_shape("red", "star", 71), one_shape("blue", "circle", 72)
     reply, history = chat_turn(ORDER_QUESTION.format(colour="red"), new_history(), [blue, red])
-    stored = [tag_b64_to_image(b64) for b64 in re.findall(r'base64,([^"]+)"', history["internal"][-1][0])]
+    stored = [tag_b64_to_image(b64) for b64 in IMAGE_TAG_RE.findall(history["internal"][-1][0])]
     prompt = shared.tokenizer.apply_chat_template(
         [{"role": "user", "content": ("<image>\n" * 2) + ORDER_QUESTION.format(colour="red")}],
         tokenize=False, add_generation_prompt=True)

@@ -10,38 +10,13 @@ import openai
 import pytest
 
 from examples.target_token import TargetTokenLogitsProcessor
-from modules.logits_processors import LogitsProcessor
 from modules.text_generation import decode, encode
 from tests import api_helpers
+from tests.exploding_processor import Exploding
 from tests.conftest import ROOT
 
 N = 5
 BODY = {"prompt": "The quick brown fox", "max_tokens": N, "temperature": 0, "ban_eos_token": True}
-
-
-class Exploding(LogitsProcessor):
-    """Raises in apply() for a request that sends `explode`."""
-
-    def __init__(self, config, device, is_pin_memory):
-        self.armed: set[int] = set()
-
-    def is_argmax_invariant(self):
-        return False
-
-    def update_state(self, batch_update):
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self.armed.discard(index)
-        for index, params, _, _ in batch_update.added:
-            self.armed.discard(index)
-            if (params.extra_args or {}).get("explode"):
-                self.armed.add(index)
-
-    def apply(self, logits):
-        if self.armed:
-            raise RuntimeError("the fuse was lit")
-        return logits
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from modules import shared
 from modules.logits_bridge import LogitsProcessorError
 from modules.logits_processors import BatchUpdate, LogitsProcessor
 from modules.text_generation import encode, generate_reply
+from tests.exploding_processor import Exploding
 
 PROMPT = "The quick brown fox"
 N = 6
@@ -144,27 +145,6 @@ def test_processors_see_the_prompt_the_arguments_and_the_growing_output(host, ll
     # Step i sees the i tokens before it; the last token ends generation, so no step sees it.
     assert len(output_ids) == N - 1 and recorder.outputs_seen == [output_ids[:i] for i in range(N)]
     assert list(generate_reply(PROMPT, dict(state)))[-1].startswith(shared.tokenizer.decode(output_ids))
-
-
-class Exploding(LogitsProcessor):
-    def __init__(self, config, device, is_pin_memory):
-        self.armed: set[int] = set()
-
-    def is_argmax_invariant(self):
-        return False
-
-    def update_state(self, batch_update):
-        if batch_update is None:
-            return
-        for index, params, _, _ in batch_update.added:
-            self.armed.discard(index)
-            if (params.extra_args or {}).get("explode"):
-                self.armed.add(index)
-
-    def apply(self, logits):
-        if self.armed:
-            raise RuntimeError("the fuse was lit")
-        return logits
 
 
 def test_an_exception_in_a_processor_fails_that_request_and_the_next_one_works(host, llama_dir, baseline):

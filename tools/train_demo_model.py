@@ -100,11 +100,11 @@ def build_tokenizer(vocab_size: int = 640) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_model(tokenizer, seed: int, text: dict | None = None, vision: dict | None = None) -> LlavaForConditionalGeneration:
+def build_model(tokenizer, seed: int) -> LlavaForConditionalGeneration:
     text_config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                              **(text or TEXT))
-    config = LlavaConfig(vision_config=CLIPVisionConfig(**(vision or VISION)), text_config=text_config,
+                              **TEXT)
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**VISION), text_config=text_config,
                          image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_MARK), image_seq_length=IMAGE_TOKENS,
                          vision_feature_layer=-2, vision_feature_select_strategy="default",
                          projector_hidden_act="gelu", tie_word_embeddings=False)
@@ -269,8 +269,7 @@ def set_lr(optimizer, step: int, steps: int) -> None:
 def pretrain_vision(model, processor, probes: Probes, steps: int, batch_size: int, lr: float,
                     rng: random.Random, device) -> None:
     """Stage 1: tower + projector + probe name each patch's colour and shape (no LM: cheap)."""
-    inner = model.model
-    params = [*inner.vision_tower.parameters(), *inner.multi_modal_projector.parameters(), *probes.patch.parameters()]
+    params = vision_parameters(model) + list(probes.patch.parameters())
     optimizer = torch.optim.AdamW([{"params": params, "peak": lr}], weight_decay=0.01)
     start = time.time()
     for step in range(steps):
@@ -301,19 +300,32 @@ def train_chats(model, tokenizer, processor, probes: Probes, steps: int, planned
                 check_n: int = 32) -> None:
     """Stage 2: the whole model on chats, answer tokens only, plus the probe loss. The curriculum and
     the learning rate follow a plan of `planned` steps, of which `steps` run."""
-    inner = model.model
-    vision = [*inner.vision_tower.parameters(), *inner.multi_modal_projector.parameters()]
+    vision = vision_parameters(model)
     vision_ids = {id(p) for p in vision}
     language = [p for p in model.parameters() if id(p) not in vision_ids]
     optimizer = torch.optim.AdamW([{"params": language, "peak": lr},
                                    {"params": vision + list(probes.patch.parameters()), "peak": lr * vision_lr_scale},
                                    {"params": list(probes.order.parameters()), "peak": lr}],
                                   weight_decay=0.01, betas=(0.9, 0.98))
-    params = language + vision + list(probes.parameters())
+    run_chat_steps(model, processor, probes, optimizer, language + vision + list(probes.parameters()),
+                   lambda progress: collate([curriculum_sample(rng, progress) for _ in range(batch_size)],
+                                            tokenizer, processor, device),
+                   steps, planned, "step", device, checkpoint, every, check_n)
+
+
+def vision_parameters(model) -> list[torch.nn.Parameter]:
+    inner = model.model
+    return [*inner.vision_tower.parameters(), *inner.multi_modal_projector.parameters()]
+
+
+def run_chat_steps(model, processor, probes: Probes, optimizer, params: list, make_batch, steps: int, planned: int,
+                   label: str, device, checkpoint=None, every: int = 300, check_n: int = 32) -> None:
+    """The chat stages' loop: `make_batch(progress)` -> answer loss + half the probe loss; the learning
+    rate follows a plan of `planned` steps; a quick check and `checkpoint()` every `every` steps."""
     model.train()
     start = time.time()
     for step in range(steps):
-        batch = collate([curriculum_sample(rng, step / planned) for _ in range(batch_size)], tokenizer, processor, device)
+        batch = make_batch(step / planned)
         set_lr(optimizer, step, planned)
         loss, aux = chat_loss(model, probes, batch)
         optimizer.zero_grad(set_to_none=True)
@@ -321,10 +333,10 @@ def train_chats(model, tokenizer, processor, probes: Probes, steps: int, planned
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % 50 == 0 or step == steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  {time.time() - start:6.0f}s",
+            print(f"{label} {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  {time.time() - start:6.0f}s",
                   flush=True)
         if checkpoint is not None and (step + 1) % every == 0 and step + 1 < steps:
-            print(f"step {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}", flush=True)
+            print(f"{label} {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}", flush=True)
             checkpoint()
             model.train()
     model.eval()
@@ -357,33 +369,18 @@ def focus_two_images(model, tokenizer, processor, steps: int, batch_size: int, l
     model.lm_head.load_state_dict(fresh.lm_head.state_dict())
     torch.manual_seed(seed + 3)
     probes = Probes(model.config.text_config.hidden_size, query=True).to(device)
-    inner = model.model
-    frozen = [*inner.vision_tower.parameters(), *inner.multi_modal_projector.parameters()]
+    frozen = vision_parameters(model)
     for param in frozen:
         param.requires_grad_(False)
     frozen_ids = {id(p) for p in frozen}
     params = [p for p in model.parameters() if id(p) not in frozen_ids] + list(probes.parameters())
     optimizer = torch.optim.AdamW([{"params": params, "peak": lr}], weight_decay=0.01, betas=(0.9, 0.98))
-    model.train()
-    start = time.time()
-    for step in range(steps):
-        batch = collate([focus_sample(rng, step / steps) for _ in range(batch_size)], tokenizer, processor, device)
-        set_lr(optimizer, step, steps)
-        loss, aux = chat_loss(model, probes, batch)
-        optimizer.zero_grad(set_to_none=True)
-        (loss + 0.5 * aux).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        if step % 50 == 0 or step == steps - 1:
-            print(f"focus step {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  {time.time() - start:6.0f}s",
-                  flush=True)
-        if checkpoint is not None and (step + 1) % every == 0 and step + 1 < steps:
-            print(f"focus step {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}", flush=True)
-            checkpoint()
-            model.train()
+    run_chat_steps(model, processor, probes, optimizer, params,
+                   lambda progress: collate([focus_sample(rng, progress) for _ in range(batch_size)],
+                                            tokenizer, processor, device),
+                   steps, steps, "focus step", device, checkpoint, every, check_n)
     for param in frozen:
         param.requires_grad_(True)
-    model.eval()
 
 
 @torch.inference_mode()
@@ -439,15 +436,11 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     parser.add_argument("--device", default="cpu", help="cpu (the shipped weights) or cuda (quick experiments)")
     parser.add_argument("--check-every", type=int, default=300, help="quick check and checkpoint every N chat steps")
     parser.add_argument("--check-n", type=int, default=32, help="questions per kind in each quick check")
-    parser.add_argument("--lm", type=int, nargs=2, metavar=("HIDDEN", "LAYERS"), help="language model size")
     args = parser.parse_args(argv)
-    text = TEXT if args.lm is None else dict(TEXT, hidden_size=args.lm[0], num_hidden_layers=args.lm[1],
-                                             intermediate_size=args.lm[0] * 8 // 3, num_attention_heads=args.lm[0] // 32,
-                                             num_key_value_heads=args.lm[0] // 32)
     torch.set_num_threads(args.threads)
     tokenizer = build_tokenizer()
     processor = build_processor(tokenizer)
-    model = build_model(tokenizer, args.seed, text).to(args.device)
+    model = build_model(tokenizer, args.seed).to(args.device)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     start = time.time()
     rng = random.Random(args.seed)
