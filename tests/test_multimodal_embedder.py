@@ -297,10 +297,16 @@ def test_placeholder_images_are_neither_embedded_nor_decoded(llama):
 
 
 def test_text_memo_returns_what_encode_returns(llama):
+    """The first part is the host's encode of a prompt; later parts carry no special tokens at all."""
     embedder = make()
+    bos = shared.tokenizer.bos_token_id
     for text in ["", "Hello world", "<im_end>USER: What is it?\nASSISTANT:", "Hello world", "ünïcödé 123"]:
-        for bos in (True, False):
-            assert torch.equal(embedder._encode_memo(text, bos), encode(text, add_bos_token=bos)[0])
+        for add_bos in (True, False):
+            assert torch.equal(embedder._encode_memo(text, first=True, add_bos=add_bos),
+                               encode(text, add_bos_token=add_bos)[0])
+        later = embedder._encode_memo(text, first=False)
+        assert torch.equal(later, encode(text, add_special_tokens=False, add_bos_token=False)[0])
+        assert bos not in later.tolist()
     assert embedder.text_memo.hits >= 2
 
 

@@ -4,8 +4,9 @@
 n_images)`: ids `(n,)` int64 and embeddings `(n, hidden)`, in prompt order. Steps, each a method:
 1. `_split_prompt`: alternating text/image parts, image start/end markers added to the text;
 2. `_encode_text`: text through the host's `encode()` (BOS only on the first part), each image as
-   its token count of `placeholder_token_id()`; truncation to `get_max_prompt_length(state)` drops
-   whole leading parts and whole images (a notice in `state['notices']` says how many);
+   its token count of `placeholder_token_id()` (`image_row_id()` when that is the pad id);
+   truncation to `get_max_prompt_length(state)` drops whole leading parts and whole images (a
+   notice in `state['notices']` says how many);
 3. `_remove_old_images`: every image but the last gets `placeholder_embeddings()` (unless
    `add_all_images_to_prompt`); those images are never decoded;
 4. `_embed`: text through `pipeline.embed_tokens` in one call; images that miss the embedding
@@ -28,9 +29,9 @@ from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, b64_to_bytes,
                                                image_for_counting, image_label, tag_b64_to_image)
 from extensions.multimodal.pipeline_loader import load_pipeline
 from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
+from extensions.multimodal.loaded_model import model_device, pad_token_ids
 from modules import shared
 from modules.logging_colors import logger
-from modules.models import model_device
 from modules.text_generation import encode, get_max_prompt_length
 
 __all__ = ["PromptPart", "MultimodalEmbedder", "EmbeddingCountError", "TooManyImagesError", "PromptTooLongError"]
@@ -102,7 +103,7 @@ class MultimodalEmbedder:
                 f"No room for the prompt: truncation_length ({state['truncation_length']}) - max_new_tokens "
                 f"({state['max_new_tokens']}) = {max_length} tokens. Lower max_new_tokens.")
         start = self.pipeline.image_start() or ""
-        marker_length = len(self._encode_memo(start, add_bos=False)) if start else 0
+        marker_length = len(self._encode_memo(start, first=False)) if start else 0
         kept, removed = truncate_parts(parts, max_length, marker_length)
         if sum(n_tokens(part) for part in kept) == 0:
             raise PromptTooLongError(
@@ -120,7 +121,7 @@ class MultimodalEmbedder:
                 count = self._image_token_count(part, part.index in embedded)
                 part.input_ids = self._placeholder_ids(count)
             else:
-                part.input_ids = self._encode_memo(part.text, add_bos=add_bos and i == 0)
+                part.input_ids = self._encode_memo(part.text, first=i == 0, add_bos=add_bos)
         return parts
 
     def _images_to_embed(self, parts: List[PromptPart]) -> set:
@@ -149,15 +150,38 @@ class MultimodalEmbedder:
         return method is not None and method.__qualname__ != AbstractMultimodalPipeline.num_image_embeds_for.__qualname__
 
     def _placeholder_ids(self, count: int) -> torch.Tensor:
-        return torch.full((count,), int(self.pipeline.placeholder_token_id()), dtype=torch.int64,
-                          device=model_device())
+        return torch.full((count,), self.image_row_id(), dtype=torch.int64, device=model_device())
 
-    def _encode_memo(self, text: str, add_bos: bool) -> torch.Tensor:
-        """`encode(text)[0]`, memoised: a chat prompt is measured many times per turn."""
-        key = (text, add_bos)
+    def image_row_id(self) -> int:
+        """The id standing in `input_ids` for an image row: the pipeline's placeholder, unless a host
+        could take it for padding. text-generation-webui calls `generate(inputs=ids, inputs_embeds=...)`
+        without an attention mask, so transformers masks every position whose id is the pad id: with
+        LLaVA-1.5's placeholder `<unk>` = 0 = Vicuna's pad id the image would silently vanish."""
+        placeholder = int(self.pipeline.placeholder_token_id())
+        pads = pad_token_ids()
+        if placeholder not in pads:
+            return placeholder
+        tokenizer = shared.tokenizer
+        candidates = [getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "bos_token_id", None)]
+        candidates += range(int(shared.model.get_input_embeddings().num_embeddings))
+        eos = getattr(tokenizer, "eos_token_id", None)  # a prompt full of EOS would skew repetition penalties
+        return next(int(i) for i in candidates if isinstance(i, int) and i not in pads and i != eos)
+
+    def _encode_memo(self, text: str, first: bool, add_bos: bool = False) -> torch.Tensor:
+        """The ids of one text part, memoised: a chat prompt is measured many times per turn.
+
+        The first part is encoded as the host encodes a whole prompt (`add_bos` is the state's
+        `add_bos_token`); later parts without special tokens, so no host puts a BOS in the middle
+        of the prompt (today's text-generation-webui keeps a tokenizer's BOS even when told
+        `add_bos_token=False`).
+        """
+        key = (text, first, add_bos)
         ids = self.text_memo.get(key)
         if ids is None:
-            ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64)
+            if first:
+                ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64)
+            else:
+                ids = strip_leading_bos(encode(text, add_special_tokens=False, add_bos_token=False)[0].to(torch.int64))
             self.text_memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
         return ids
 
@@ -285,6 +309,13 @@ class MultimodalEmbedder:
             self.cache.clear()
             self.text_memo.clear()
             self._owner = owner
+
+
+def strip_leading_bos(ids: torch.Tensor) -> torch.Tensor:
+    bos = getattr(shared.tokenizer, "bos_token_id", None)
+    while bos is not None and ids.shape[0] > 0 and int(ids[0]) == bos:
+        ids = ids[1:]
+    return ids
 
 
 def split_image_rows(output, counts: Sequence[int], pipeline_name: str) -> List[torch.Tensor]:

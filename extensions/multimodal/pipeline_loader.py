@@ -7,7 +7,8 @@ hyphens allowed: it is `git clone`d there). It is imported as
 `get_pipeline_from_model_name(model_name, params)` (see DOCS.md).
 
 `load_pipeline(params)` returns `(pipeline, module_dir_name)`: the pipeline named by
-`--multimodal-pipeline`, else the first one a module recognises from the model name; otherwise a
+`--multimodal-pipeline` (hosts that have the flag), else by the `multimodal-pipeline` setting
+(`params['pipeline']`), else the first one a module recognises from the model; otherwise a
 RuntimeError listing every available pipeline. A module that fails to import is logged with its
 traceback and skipped. This module does not construct models itself; the pipeline modules do.
 """
@@ -102,7 +103,7 @@ def load_pipeline(params: dict, roots: Optional[Sequence[Path]] = None) -> Tuple
     `roots` (tests) replaces the folders searched; by default they come from `pipeline_roots(params)`.
     """
     modules = import_pipeline_modules(pipeline_roots(params) if roots is None else roots)
-    requested = shared.args.multimodal_pipeline
+    requested = requested_pipeline(params)
     if requested is not None:
         found = first_pipeline(modules, "get_pipeline", requested, params)
         if found is not None:
@@ -113,7 +114,20 @@ def load_pipeline(params: dict, roots: Optional[Sequence[Path]] = None) -> Tuple
     if found is not None:
         return found
     raise RuntimeError(f"No multimodal pipeline recognises the model '{shared.model_name}', so none was picked "
-                       f"automatically. Start with --multimodal-pipeline NAME. {describe_available(modules)}")
+                       f"automatically. {how_to_name_one()} {describe_available(modules)}")
+
+
+def requested_pipeline(params: dict) -> Optional[str]:
+    """The pipeline the user named: `--multimodal-pipeline` where the host has that flag (today's
+    text-generation-webui does not), else the `multimodal-pipeline` setting."""
+    return getattr(shared.args, "multimodal_pipeline", None) or params.get("pipeline") or None
+
+
+def how_to_name_one() -> str:
+    setting = "set `multimodal-pipeline: NAME` in the settings file"
+    if hasattr(shared.args, "multimodal_pipeline"):
+        return f"Start with --multimodal-pipeline NAME, or {setting}."
+    return f"Name one: {setting} (this host has no --multimodal-pipeline flag)."
 
 
 def first_pipeline(modules: Sequence[ModuleType], function_name: str, name: str,

@@ -1,46 +1,89 @@
-"""The multimodal extension: lets a local LLaVA-style model see the images in a chat.
+"""The multimodal extension: lets a local vision-language model see the images in a chat.
+
+It runs unchanged in this repository's host and in text-generation-webui, old (the versions that
+shipped the original extension) and current (whose Transformers loader has no vision), from
+`extensions/multimodal/` or, in the current one, `user_data/extensions/multimodal/`. Of the host it
+uses only names every one of them has (`modules.shared`, `modules.text_generation.encode` /
+`get_max_prompt_length`, `modules.logging_colors.logger`); anything more is feature-detected.
 
 Hooks, in the order the host calls them:
-- `setup()`: loads the pipeline (named by --multimodal-pipeline, else recognised from the model);
-  raises a RuntimeError listing the available pipelines when none fits. Runs without a UI.
+- `setup()`: loads the pipeline (`--multimodal-pipeline`, else the `multimodal-pipeline` setting,
+  else recognised from the model); raises a RuntimeError listing the available pipelines when none
+  fits. Runs without a UI.
 - `ui()`: the image input (extensions/multimodal/ui.py), built inside the host's Gradio layout.
 - `chat_input_modifier(text, visible_text, state)`: puts the images sent with this message
   (`state['multimodal_images']`, or `input_hijack`) into the text as `<img>` tags.
 - `custom_tokenized_length(prompt)`: prompt length in tokens, image tokens included.
-- `tokenizer_modifier(state, prompt, input_ids, input_embeds)`: for a prompt with images,
+- `tokenizer_modifier(state, prompt, input_ids, input_embeds)`: for a prompt with images (`<img>`
+  tags, or text-generation-webui's `<__media__>` markers with the pictures in `state`),
   `(prompt, input_ids [1, n] int64, inputs_embeds [1, n, hidden])` on the model's device and dtype;
   other prompts come back unchanged.
-- `logits_processor_modifier(processor_list, input_ids)`: in text-generation-webui, adds the ban on
-  image placeholder tokens (extensions/multimodal/placeholder_ban.py). This repository's host
-  constructs the batch-level `logits_processors` after `setup()` instead, and this hook adds nothing.
-`image_bytes_to_tag(data)` turns image bytes into the history's tag (the API uses it).
+- `logits_processor_modifier(processor_list, input_ids)`: in hosts without batch-level logits
+  processors (text-generation-webui), adds the ban on image placeholder tokens
+  (extensions/multimodal/placeholder_ban.py). This repository's host constructs the batch-level
+  `logits_processors` after `setup()` instead, and this hook adds nothing.
+`image_bytes_to_tag(data)` turns image bytes into the history's tag.
 Settings `multimodal-<key>` override `params[key]` before `setup()`.
 """
 from __future__ import annotations
 
-import html
+import sys
 from pathlib import Path
-from typing import Any, Optional
 
-import torch
-from PIL import Image
 
-from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError, bytes_to_tag,
-                                               image_to_tag, ordinal)
-from extensions.multimodal.multimodal_embedder import MultimodalEmbedder
-from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids
-from modules import shared
-from modules.logging_colors import logger
-from modules.models import model_device
+def _import_as_package() -> None:
+    """Make `extensions.multimodal` this folder when the host loaded this file by its path.
+
+    Today's text-generation-webui imports `user_data/extensions/NAME/script.py` as a loose module:
+    the extension's own modules, and third-party pipeline modules (which import
+    `extensions.multimodal.abstract_pipeline`), need the package name to point here.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    def package(name: str, locations: list[str]):
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = locations
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+
+    try:
+        import extensions  # noqa: F401  (text-generation-webui's own extensions folder)
+    except ImportError:
+        package("extensions", [])
+    for name in [m for m in sys.modules if m == "extensions.multimodal" or m.startswith("extensions.multimodal.")]:
+        del sys.modules[name]  # another copy's modules must not mix with this one's
+    package("extensions.multimodal", [str(Path(__file__).resolve().parent)])
+    sys.modules["extensions.multimodal.script"] = sys.modules[__name__]
+
+
+if __name__ != "extensions.multimodal.script":
+    _import_as_package()
+
+import html  # noqa: E402
+from functools import partial  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from extensions.multimodal import loaded_model  # noqa: E402
+from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError,  # noqa: E402
+                                               bytes_to_tag, image_to_tag, ordinal)
+from extensions.multimodal.multimodal_embedder import MultimodalEmbedder  # noqa: E402
+from extensions.multimodal.native_media import MEDIA_MARKER, markers_to_tags  # noqa: E402
+from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
+from modules.logging_colors import logger  # noqa: E402
 
 try:
-    from extensions.multimodal.placeholder_ban_batch import PlaceholderBan
+    from extensions.multimodal.placeholder_ban_batch import batch_ban_class
 except ImportError as error:  # a host without batch-level processors (text-generation-webui)
     if error.name != "modules.logits_processors":
         raise
-    PlaceholderBan = None
+    batch_ban_class = None
 
 params = {
+    # the pipeline to use (the `multimodal-pipeline` setting; `--multimodal-pipeline` wins where the host has it)
+    "pipeline": None,
     "add_all_images_to_prompt": False,
     # device to run the vision encoder on (None: the language model's device)
     "vision_device": None,
@@ -74,7 +117,13 @@ multimodal_embedder: Optional[MultimodalEmbedder] = None
 DEFAULT_HISTORY_MAX_SIDE = 1024
 IMAGE_PLACEHOLDER = "<image>"
 
+
+def current_placeholder_ids() -> list[int]:
+    return placeholder_ids(multimodal_embedder.pipeline) if multimodal_embedder is not None else []
+
+
 # Batch-level logits processor classes; the host constructs them after setup() (other hosts ignore this).
+PlaceholderBan = batch_ban_class(current_placeholder_ids) if batch_ban_class is not None else None
 logits_processors = [PlaceholderBan] if PlaceholderBan is not None else []
 
 
@@ -86,7 +135,7 @@ def setup() -> None:
 def ui() -> None:
     from extensions.multimodal import ui as multimodal_ui
 
-    multimodal_ui.create_ui(params)
+    multimodal_ui.create_ui(params, hijack_picture)
 
 
 def embedder() -> MultimodalEmbedder:
@@ -150,7 +199,15 @@ def fill_placeholders(text: str, placeholder: str, tags: list[str]) -> tuple[str
 
 def add_chat_picture(picture: Any, text: str, visible_text: str) -> tuple[str, str]:
     """text-generation-webui's helper for `input_hijack`: one picture into the next message."""
-    return add_images_to_message([image_to_history_tag(picture)], text, visible_text)
+    return add_images_to_message([image_to_history_tag(picture)], text, visible_text or "")
+
+
+def hijack_picture(picture: Any) -> None:
+    """The single-picture UI (text-generation-webui): `picture` goes with the next message; None withdraws it."""
+    if picture is None:
+        input_hijack.update(state=False, value=["", ""])
+    else:
+        input_hijack.update(state=True, value=partial(add_chat_picture, picture))
 
 
 def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str, str]:
@@ -168,19 +225,43 @@ def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str,
 
 # -- Model inputs ---------------------------------------------------------------------------
 
+def media_to_tags(prompt: str, state: dict) -> str:
+    """text-generation-webui's `<__media__>` markers -> the tags of the pictures `state` carries."""
+    prompt, missing = markers_to_tags(prompt, state, image_to_history_tag)
+    if missing:
+        message = (f"{missing} {MEDIA_MARKER} marker(s) in the prompt had no picture in the request "
+                   f"and were left out.")
+        logger.warning(f"Multimodal: {message}")
+        state.setdefault("notices", []).append(message)
+    return prompt
+
+
+_stand_in_tag: list[str] = []
+
+
+def stand_in_tag() -> str:
+    """The tag of a blank picture, standing in for a `<__media__>` marker when a prompt is only measured
+    (text-generation-webui measures prompts without their state, so the real picture is not known)."""
+    if not _stand_in_tag:
+        _stand_in_tag.append(image_to_tag(Image.new("RGB", (history_max_side(),) * 2, (127, 127, 127))))
+    return _stand_in_tag[0]
+
+
 def custom_tokenized_length(prompt: str) -> int:
+    if MEDIA_MARKER in prompt:
+        prompt = prompt.replace(MEDIA_MARKER, stand_in_tag())
     return embedder().len_in_tokens(prompt)
 
 
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
-    if IMAGE_TAG_RE.search(prompt) is None:
+    tagged = media_to_tags(prompt, state) if MEDIA_MARKER in prompt else prompt
+    if IMAGE_TAG_RE.search(tagged) is None:
         return prompt, input_ids, input_embeds
     current = embedder()
-    prompt, ids, embeds, _ = current.forward(prompt, state, params)
+    _, ids, embeds, _ = current.forward(tagged, state, params)
     stats = current.last_stats
     logger.info(f"Multimodal: embedded {stats.images} image(s) in {stats.seconds:.2f} s ({stats.from_cache} from cache)")
-    device = model_device()
-    dtype = shared.model.get_input_embeddings().weight.dtype
+    device, dtype = loaded_model.placement()
     return prompt, ids.unsqueeze(0).to(device, torch.int64), embeds.unsqueeze(0).to(device, dtype)
 
 

@@ -1,17 +1,23 @@
 """The multimodal extension's Gradio UI: an image input under the chat, and the embed-all checkbox.
 
-`create_ui(params)` is called by the extension's `ui()` hook inside the host's Gradio context. It
-adds a multi-file image input (upload, drag-and-drop, or paste anywhere on the page), a preview of
-the pending images in order, and a checkbox bound to `params['add_all_images_to_prompt']`.
-
-It registers the input as `shared.gradio['extension_inputs']['multimodal_images']`: the host reads
-it when a message is sent, clears it in the same step, and passes the value on as
-`state['multimodal_images']` = a list of image file paths in upload order (None when empty). The
-extension's `chat_input_modifier` turns those into image tags. Pending images live in the browser
-session's component value, so two sessions never see each other's images.
+`create_ui(params, hijack_picture)` is called by the extension's `ui()` hook inside the host's
+Gradio context. Two forms, chosen by what the host offers:
+- hosts with per-message extension inputs (this repository's: `shared.gradio['extension_inputs']`):
+  a multi-file image input (upload, drag-and-drop, or paste anywhere on the page) and a preview of
+  the pending images in order. It is registered as `extension_inputs['multimodal_images']`: the
+  host reads it when a message is sent, clears it in the same step, and passes the value on as
+  `state['multimodal_images']` = a list of image file paths in upload order (None when empty).
+  Pending images live in the browser session's component value, so sessions never share them.
+- text-generation-webui (no such registry): the original extension's single picture, a
+  `gr.Image` whose upload calls `hijack_picture(picture)` (the extension's `input_hijack` then
+  puts it into the next message), cleared when the message is sent.
+Both add a checkbox bound to `params['add_all_images_to_prompt']`. Gradio 4 (text-generation-webui)
+and 6 (this repository) both build them.
 This module knows nothing about tensors, pipelines or image tags.
 """
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -44,21 +50,46 @@ def preview(paths: list[str] | None):
     return gr.update(value=list(paths or []), visible=bool(paths))
 
 
-def create_ui(params: dict) -> None:
-    """Builds the image input under the chat and registers it as a per-message extension input."""
+def create_ui(params: dict, hijack_picture: Callable[[Any], None]) -> None:
+    """Builds the image input under the chat: per-message extension input where the host has them."""
+    if "extension_inputs" in shared.gradio:
+        create_multi_image_ui(params)
+    else:
+        create_single_picture_ui(params, hijack_picture)
+
+
+def embed_all_checkbox(params: dict) -> gr.Checkbox:
+    # A callable value is read on each page load, so a new session shows the current setting.
+    checkbox = gr.Checkbox(value=lambda: bool(params["add_all_images_to_prompt"]), label=EMBED_ALL_LABEL,
+                           elem_id="multimodal-embed-all")
+    checkbox.change(lambda value: params.update(add_all_images_to_prompt=bool(value)), checkbox, None,
+                    queue=False, show_progress="hidden")
+    return checkbox
+
+
+def create_multi_image_ui(params: dict) -> None:
     with gr.Column(elem_id="multimodal"):
         images = gr.File(label="Images for the next message (upload, drop, or paste)", file_count="multiple",
                          file_types=["image"], type="filepath", height=160, elem_id="multimodal-images")
         pending = gr.Gallery(label="Pending images, in order", interactive=False, visible=False, columns=8,
                              fit_columns=False, height=120, object_fit="contain", allow_preview=False,
                              elem_id="multimodal-preview")
-        # A callable value is read on each page load, so a new session shows the current setting.
-        embed_all = gr.Checkbox(value=lambda: bool(params["add_all_images_to_prompt"]), label=EMBED_ALL_LABEL,
-                                elem_id="multimodal-embed-all")
+        embed_all = embed_all_checkbox(params)
         gr.HTML("", js_on_load=PASTE_JS, padding=False, elem_id="multimodal-paste")
     images.change(preview, images, pending, queue=False, show_progress="hidden")
-    embed_all.change(lambda value: params.update(add_all_images_to_prompt=bool(value)), embed_all, None,
-                     queue=False, show_progress="hidden")
-    shared.gradio.setdefault("extension_inputs", {})[STATE_KEY] = images
+    shared.gradio["extension_inputs"][STATE_KEY] = images
     shared.gradio[STATE_KEY] = images
     shared.gradio["multimodal_embed_all"] = embed_all
+
+
+def create_single_picture_ui(params: dict, hijack_picture: Callable[[Any], None]) -> None:
+    """The original extension's UI: one picture for the next message (text-generation-webui)."""
+    with gr.Column(elem_id="multimodal"):
+        picture = gr.Image(label="Send a picture", type="pil", elem_id="multimodal-picture")
+        embed_all_checkbox(params)
+    picture.upload(hijack_picture, [picture], None)
+    picture.clear(lambda: hijack_picture(None), None, None)
+    for name, event in (("Generate", "click"), ("textbox", "submit")):
+        if name in shared.gradio:  # the picture goes with the message: clear it once sent
+            getattr(shared.gradio[name], event)(lambda: None, None, picture)
+    shared.gradio["multimodal_picture"] = picture

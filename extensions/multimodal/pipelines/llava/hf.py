@@ -2,7 +2,7 @@
 
 The vision tower and projector live inside the loaded model; this pipeline runs them through the
 model's own `get_image_features` (feature layer, CLS handling, NeXT's anyres packing and
-`image_newline` included) with the model's own image processor (`shared.processor`), so the
+`image_newline` included) with the model's own image processor (`loaded_model.processor()`), so the
 embeddings are exactly those the model would insert for its `<image>` tokens. No second copy of
 the tower is loaded. Per-image token counts come from the processor (they vary with the image size
 for LLaVA-NeXT).
@@ -14,8 +14,8 @@ from typing import List, Optional
 import torch
 from PIL import Image
 
+from extensions.multimodal import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
-from modules import shared
 from modules.logging_colors import logger
 
 from . import common
@@ -45,17 +45,18 @@ def count_by_expanding(processor, image_token_id: int, height: int, width: int) 
 class LlavaHfPipeline(AbstractMultimodalPipeline):
     def __init__(self, params: dict):
         params = common.with_defaults(params)
-        model = common.require_model()
+        model = loaded_model.require_model()
         if not is_llava_hf_model(model):
             raise ValueError(f"The 'llava-hf' pipeline needs a transformers LLaVA model "
                              f"(model_type {' or '.join(SUPPORTED_MODEL_TYPES)}); the loaded model is "
                              f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')}). For original "
                              f"LLaVA checkpoints use llava-7b, llava-13b, llava-llama-2-13b or llava-v1.5-7b/13b.")
-        if shared.processor is None or getattr(shared.processor, "image_processor", None) is None:
-            raise ValueError("The 'llava-hf' pipeline needs the model's AutoProcessor (shared.processor), "
-                             "which the host loads from the model folder's processor_config.json.")
+        processor = loaded_model.processor()
+        if getattr(processor, "image_processor", None) is None:
+            raise ValueError("The 'llava-hf' pipeline needs the model's AutoProcessor with an image processor "
+                             "(the model folder's processor_config.json / preprocessor_config.json).")
         self.model = model
-        self.processor = shared.processor
+        self.processor = processor
         self.config = model.config
         self.vision_device, self.vision_dtype = self._place_vision(params)
 

@@ -11,6 +11,7 @@ from typing import List
 import torch
 from PIL import Image
 
+from extensions.multimodal import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
 from modules import shared
 from modules.logging_colors import logger
@@ -65,7 +66,7 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
         self.vision_dtype = self._dtype_or_model("vision_bits", params)
         self.projector_device = common.device_or_model(params["projector_device"])
         self.projector_dtype = self._dtype_or_model("projector_bits", params)
-        folder = common.model_folder()
+        folder = loaded_model.model_folder()
         self.vision_source = weights.vision_source(spec, common.model_config_dict(), params["vision_tower"])
         logger.info(f"{spec.name}: CLIP from {self.vision_source} ({self.vision_dtype}, {self.vision_device})")
         self.vision_tower, self.image_processor = weights.load_vision_tower(
@@ -86,7 +87,7 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
     def _check_shapes(self) -> None:
         layers = linear_layers(self.projector)
         vision_width = self.vision_tower.config.hidden_size
-        lm_width = common.input_embedding().embedding_dim
+        lm_width = loaded_model.input_embedding().embedding_dim
         if layers[0].in_features != vision_width:
             raise ValueError(f"The '{self.spec.name}' projector takes {layers[0].in_features}-wide features, but the "
                              f"vision tower at {self.vision_source} gives {vision_width}: the tower does not match it.")

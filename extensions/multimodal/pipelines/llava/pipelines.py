@@ -35,14 +35,26 @@ def get_pipeline(name: str, params: dict):
     return None
 
 
-def pipeline_name_for(model_name: str) -> Optional[str]:
-    """The original pipeline a model name clearly belongs to (LLaVA, size and version all given), else None."""
+# LM widths of the published releases: a name without a size takes it from the loaded model.
+SIZE_BY_WIDTH = {4096: "7b", 5120: "13b"}
+
+
+def pipeline_name_for(model_name: str, model_width: Optional[int] = None) -> Optional[str]:
+    """The original pipeline a model name clearly belongs to, else None.
+
+    The name must say LLaVA and its release (a size, a version, or both). A name without a size
+    ("llava-v1.5") takes it from `model_width`, the loaded LM's hidden size: 5120 is 13B, any other
+    width 7B (the projector's shape check then rejects a model that is neither).
+    """
     name = Path(model_name).name.lower()  # the folder's own name, not the folders above it
-    size = SIZE_RE.search(name)
-    if "llava" not in name or size is None:
+    if "llava" not in name or OTHER_VARIANT_RE.search(name):
         return None
-    size_tag = f"{size.group(1)}b"
-    if OTHER_VARIANT_RE.search(name):
+    size = SIZE_RE.search(name)
+    if size is not None:
+        size_tag = f"{size.group(1)}b"
+    elif model_width is not None and V15_RE.search(name):
+        size_tag = SIZE_BY_WIDTH.get(model_width, "7b")
+    else:
         return None
     if V15_RE.search(name):
         return f"llava-v1.5-{size_tag}"
@@ -53,9 +65,10 @@ def pipeline_name_for(model_name: str) -> Optional[str]:
 
 def get_pipeline_from_model_name(model_name: str, params: dict):
     """A pipeline when the choice is certain: a loaded transformers LLaVA model gives `llava-hf`, an
-    original checkpoint's name gives its release. Otherwise None (the user passes --multimodal-pipeline)."""
+    original checkpoint's name gives its release. Otherwise None (the user names one)."""
     from modules import shared
 
+    width = None
     if shared.model is not None:
         from .hf import is_llava_hf_model
 
@@ -63,5 +76,6 @@ def get_pipeline_from_model_name(model_name: str, params: dict):
             return get_pipeline("llava-hf", params)
         if getattr(shared.model.config, "model_type", None) not in ("llama", "llava_llama"):
             return None  # original LLaVA releases are Llama language models
-    name = pipeline_name_for(model_name)
+        width = getattr(shared.model.config, "hidden_size", None)
+    name = pipeline_name_for(model_name, width)
     return get_pipeline(name, params) if name is not None else None

@@ -112,14 +112,30 @@ def vision_source(spec: LlavaSpec, model_config: dict, vision_tower: Optional[st
 
 def load_vision_tower(spec: LlavaSpec, source: str, dtype: torch.dtype, device: torch.device):
     """(CLIPVisionModel in `dtype` on `device`, its PIL image processor). No torchvision needed."""
-    from transformers import CLIPImageProcessorPil, CLIPVisionModel
+    from transformers import CLIPVisionModel
 
     try:
-        processor = CLIPImageProcessorPil.from_pretrained(source)
-        tower = CLIPVisionModel.from_pretrained(source, dtype=dtype)
+        processor = pil_clip_processor_class().from_pretrained(source)
+        tower = CLIPVisionModel.from_pretrained(source, **dtype_argument(dtype))
     except OSError as error:
         raise MissingWeightsError(
             f"No CLIP vision tower for the '{spec.name}' pipeline at '{source}' (not a local folder, and not in the "
             f"Hugging Face cache or reachable). Set multimodal-vision_tower to a local copy of {spec.vision_repo}."
         ) from error
     return tower.to(device).eval(), processor
+
+
+def pil_clip_processor_class() -> type:
+    """CLIP's Pillow image processor: `CLIPImageProcessorPil` in transformers 5 (where the plain name
+    needs torchvision); transformers 4 (old text-generation-webui) has only `CLIPImageProcessor`, PIL-based."""
+    import transformers
+
+    return getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
+
+
+def dtype_argument(dtype: torch.dtype) -> dict:
+    """`from_pretrained`'s dtype keyword: `dtype` since transformers 4.56, `torch_dtype` before (old text-generation-webui)."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}

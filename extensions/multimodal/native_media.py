@@ -1,0 +1,108 @@
+"""Today's text-generation-webui's own images: `<__media__>` markers in the prompt, the pictures in `state`.
+
+Its chat box stores attached pictures in the history's metadata and writes one `<__media__>` per
+picture into the prompt; its OpenAI API writes one per `image_url` part. The pictures reach the
+extension in `state`, in the order of the markers, from one of (the precedence its own loaders use):
+1. `state['image_attachments']`: `{'type': 'image', 'image_data': 'data:image/...;base64,...'}` for
+   every picture of the whole history (the chat box);
+2. the `image_url` parts of `state['history']['messages']` (`/v1/chat/completions`);
+3. `state['raw_images']`: PIL images (`/v1/completions` with messages).
+`markers_to_tags` replaces each marker by that picture's history tag, so the rest of the extension
+sees one image format. When text-generation-webui dropped old turns to fit the context, the prompt
+holds fewer markers than the state holds pictures: markers and pictures are matched from the newest.
+This module knows nothing about tokens or pipelines.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Callable, List
+
+from extensions.multimodal.image_codec import ImageDecodeError
+
+MEDIA_MARKER = "<__media__>"
+DATA_URL_PREFIX = "data:image/"
+FETCH_TIMEOUT_S = 10
+FETCH_MAX_BYTES = 32 * 1024 * 1024
+
+
+def state_images(state: dict) -> List[Any]:
+    """The pictures `state` carries, oldest first: URL strings (data: or http(s):) or PIL images."""
+    attachments = [a for a in state.get("image_attachments") or [] if isinstance(a, dict) and a.get("type") == "image"]
+    if attachments:
+        return [str(a.get("image_data", "")) for a in attachments]
+    history = state.get("history")
+    messages = history.get("messages") if isinstance(history, dict) else None
+    urls = [url for message in messages or [] for url in message_image_urls(message)]
+    return urls or list(state.get("raw_images") or [])
+
+
+def picture_data(picture: Any, label: str) -> Any:
+    """Bytes for a URL (decoded or fetched), a PIL image as it is."""
+    if not isinstance(picture, str):
+        return picture
+    if picture.startswith(DATA_URL_PREFIX):
+        return data_url_bytes(picture, label)
+    if picture.startswith(("http://", "https://")):
+        return fetch(picture)
+    raise ImageDecodeError(f"Cannot read {label}: unsupported URL {picture[:40]!r}.")
+
+
+def message_image_urls(message: Any) -> List[str]:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return []
+    parts = [part for part in content if isinstance(part, dict) and part.get("type") == "image_url"]
+    return [str((part.get("image_url") or {}).get("url", "")) for part in parts]
+
+
+def data_url_bytes(url: str, label: str) -> bytes:
+    if not url.startswith(DATA_URL_PREFIX) or ";base64," not in url:
+        raise ImageDecodeError(f"Cannot read {label}: expected a data:image/...;base64 URL, got {url[:40]!r}.")
+    try:
+        return base64.b64decode(url.split(",", 1)[1], validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ImageDecodeError(f"Cannot read {label}: its base64 data is invalid ({error}).") from error
+
+
+def fetch(url: str) -> bytes:
+    """An http(s) image, with text-generation-webui's own guarded fetch where the host has it."""
+    try:
+        from modules.web_search import safe_get  # today's text-generation-webui: blocks private addresses
+    except ImportError:
+        safe_get = None
+    try:
+        if safe_get is not None:
+            response = safe_get(url, timeout=FETCH_TIMEOUT_S)
+            response.raise_for_status()
+            data = response.content
+        else:
+            import urllib.request
+
+            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 (http(s) only, below)
+                data = response.read(FETCH_MAX_BYTES + 1)
+    except Exception as error:  # network errors come in many types; the user needs the cause
+        raise ImageDecodeError(f"Cannot fetch the image {url[:80]}: {type(error).__name__}: {error}") from error
+    if len(data) > FETCH_MAX_BYTES:
+        raise ImageDecodeError(f"The image {url[:80]} is larger than {FETCH_MAX_BYTES} bytes.")
+    return data
+
+
+def markers_to_tags(prompt: str, state: dict, to_tag: Callable[[Any, str], str]) -> tuple[str, int]:
+    """`prompt` with each `<__media__>` replaced by its picture's tag; and how many markers had no picture.
+
+    `to_tag(picture, label)` turns bytes or a PIL image into a history tag. Markers and pictures
+    are matched from the newest; markers left without a picture (more markers than pictures) are
+    removed from the prompt.
+    """
+    count = prompt.count(MEDIA_MARKER)
+    if count == 0:
+        return prompt, 0
+    pictures = state_images(state)[-count:]
+    missing = count - len(pictures)
+    tags = [""] * missing
+    for i, picture in enumerate(pictures):
+        label = f"picture {i + 1} of {len(pictures)}"
+        tags.append(to_tag(picture_data(picture, label), label))
+    pieces = prompt.split(MEDIA_MARKER)
+    return "".join(piece + tag for piece, tag in zip(pieces, tags)) + pieces[-1], missing

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs extensions/multimodal inside the real text-generation-webui, headless, on CPU with tiny models.
+#
+#   bash tools/check_in_tgw.sh                 # the standard matrix: the last version that shipped the
+#                                              # extension (598568b1) and today's (1dcde41d), 9 scenarios,
+#                                              # plus today's user_data/extensions/ install, plus the
+#                                              # harness's controls (extensions that must fail)
+#   TGW_DIR=~/text-generation-webui TGW_PYTHON=~/text-generation-webui/installer_files/env/bin/python \
+#     bash tools/check_in_tgw.sh               # your own checkout, with its own Python environment
+#
+# The harness (run_in_tgw.py, run_checks.sh, the tiny models and the controls) is ../shared/tgw beside
+# this repository, or TGW_HARNESS. It never modifies a checkout: every run works in an overlay under
+# /tmp. Exit 0 only when every check passed. Logs: $TGW_WORK (default /tmp/tgw_harness).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+HARNESS=$(cd "${TGW_HARNESS:-$ROOT/../shared/tgw}" 2>/dev/null && pwd) || {
+  echo "No text-generation-webui harness: set TGW_HARNESS to the folder holding run_in_tgw.py"; exit 2; }
+EXT="$ROOT/extensions/multimodal"
+W=${TGW_WORK:-/tmp/tgw_harness}
+failed=0
+
+run() {  # run NAME PYTHON SCRIPT ARGS...: one harness run, its verdict on one line
+  local name=$1 py=$2; shift 2
+  "$py" "$@" --threads 1 --tag "$name" >"$W/runs-$name.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then echo "PASS $name"
+  elif [ $rc = 2 ] && [ -n "${SKIP_UNSUPPORTED:-}" ] && grep -q "this checkout has none" "$W/runs-$name.log"; then
+    echo "SKIP $name: this checkout has no such feature"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name (exit $rc): $(grep -E 'RESULT|FAIL|Error' "$W/runs-$name.log" | tail -1 | cut -c1-200) [log: $W/runs-$name.log]"
+  fi
+}
+
+expect_fail() {  # expect_fail CONTROL SCENARIO: a control extension the harness must reject
+  if bash "$HARNESS/run_checks.sh" "$HARNESS/fixtures/$1" "$2" >/dev/null 2>&1; then
+    failed=$((failed + 1)); echo "FAIL control $1 passed $2: the harness no longer tells a blind extension apart"
+  else
+    echo "PASS control $1 fails $2, as it must"
+  fi
+}
+
+if [ -z "${TGW_DIR:-}" ]; then
+  bash "$HARNESS/run_checks.sh" "$EXT" || failed=$((failed + 1))
+  # run_checks.sh built the venvs and the tiny models under $W
+  run head-user-data /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_user_data_run.py" "$W" \
+    --tgw-tarball "$W/tgw-1dcde41d.tar.gz" --extension-dir "$EXT" --no-args-shim --image-mode attach --turns 3
+  for control in noop_extension passthrough_extension text_embeds_extension; do
+    expect_fail "$control" old-tag; expect_fail "$control" head-attach
+  done
+  expect_fail media_blind_extension head-attach; expect_fail media_blind_extension head-api
+else
+  PY=${TGW_PYTHON:-python3}
+  TGW=$(cd "$TGW_DIR" && pwd) || { echo "TGW_DIR=$TGW_DIR is not a folder"; exit 2; }
+  mkdir -p "$W" && cp -r "$HARNESS"/. "$W"/
+  [ -f "$W/tiny_models.json" ] || "$PY" "$W/make_tiny_models.py" --out "$W" >"$W/models.log" 2>&1
+  [ -f "$W/tiny_models-pad0.json" ] || "$PY" "$W/make_tiny_models.py" --out "$W" --pad0 >>"$W/models.log" 2>&1
+  [ -f "$W/tiny_models.json" ] || { echo "tiny model build failed: see $W/models.log"; exit 2; }
+  base=("$W/run_in_tgw.py" --tgw "$TGW" --extension-dir "$EXT" --no-args-shim)
+  run user-tag "$PY" "${base[@]}" --turns 3
+  run user-upload "$PY" "${base[@]}" --image-mode upload --turns 3
+  run user-chat-instruct "$PY" "${base[@]}" --mode chat-instruct --turns 3
+  run user-pad0 "$PY" "${base[@]}" --models-info "$W/tiny_models-pad0.json" --turns 2
+  for mode in attach api; do  # today's native images, where the checkout has them
+    SKIP_UNSUPPORTED=1 run "user-$mode" "$PY" "${base[@]}" --image-mode $mode --turns 3
+  done
+  if [ -d "$TGW/user_data" ]; then
+    run user-user-data "$PY" "$ROOT/tools/tgw_user_data_run.py" "$W" --tgw "$TGW" --extension-dir "$EXT" \
+      --no-args-shim --image-mode tag --turns 3
+  fi
+fi
+echo "text-generation-webui checks: $failed failed"
+[ $failed = 0 ]
