@@ -266,3 +266,42 @@ def test_served_through_the_extension(host, llava_original_dirs):
                                atol=1e-5, rtol=1e-5)
     assert list(generate_reply(prompt, state))[-1]
     assert state["generation_stats"]["prompt_tokens"] == ids.shape[1]
+
+
+def fake_hub_repo(hub: Path, repo_id: str, files: dict[str, Path]) -> None:
+    """An offline hub cache entry (`models--org--name/{refs/main, snapshots/<sha>/...}`), as a download leaves it."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for name, source in files.items():
+        shutil.copy2(source, snapshot / name)
+
+
+@pytest.mark.parametrize("name", ["llava-7b", "llava-13b", "llava-llama-2-13b", "llava-v1.5-7b", "llava-v1.5-13b"])
+def test_every_release_fetches_its_tower_and_projector_through_the_hub_cache(host, llama_dir, llava_original_dirs,
+                                                                              tmp_path, monkeypatch, name):
+    """A plain Llama folder (no projector, no tower path): both come from the release's hub repos, offline."""
+    import huggingface_hub.constants
+    from extensions.multimodal.pipelines.llava.specs import get_spec
+
+    spec = get_spec(name)
+    _, clip_dir = llava_original_dirs
+    hub = tmp_path / "hub"
+    fake_hub_repo(hub, spec.vision_repo, {p.name: p for p in clip_dir.iterdir() if p.is_file()})
+    width, vision = 64, CLIPVisionModel.from_pretrained(clip_dir).config.hidden_size
+    if spec.projector_type == "linear":
+        layers = {"weight": torch.randn(width, vision), "bias": torch.randn(width)}
+    else:
+        layers = {"0.weight": torch.randn(width, vision), "0.bias": torch.randn(width),
+                  "2.weight": torch.randn(width, width), "2.bias": torch.randn(width)}
+    torch.save({PREFIX + k: v.half() for k, v in layers.items()}, tmp_path / spec.projector_filename)  # fp16, as released
+    fake_hub_repo(hub, spec.projector_repo, {spec.projector_filename: tmp_path / spec.projector_filename})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    host.load(llama_dir)
+    pipeline = llava_pipelines().get_pipeline(name, {})
+    assert pipeline.vision_source == spec.vision_repo
+    assert pipeline.projector_source == f"{spec.projector_repo}/{spec.projector_filename}"
+    rows = pipeline.embed_images(IMAGES[:2])
+    assert rows.shape == (2, pipeline.num_image_embeds(), width) and not torch.equal(rows[0], rows[1])
