@@ -164,15 +164,15 @@ def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
 
 def hf_conversation(history: dict, upto: int) -> tuple[str, list]:
     """The prompt HF sees for turn `upto` (0-based): `<image>` where our history holds a tag."""
-    from modules.html_generator import IMAGE_TAG
+    from extensions.multimodal.image_codec import IMAGE_TAG_RE
 
     turns = [list(t) for t in history["internal"][:upto + 1]]
     turns[-1][1] = None
     images = []
     messages = []
     for user, bot in turns:
-        images += [tag_to_image(m.group(1)) for m in IMAGE_TAG.finditer(user)]
-        messages.append({"role": "user", "content": IMAGE_TAG.sub("<image>", user)})
+        images += [tag_to_image(m.group("data")) for m in IMAGE_TAG_RE.finditer(user)]
+        messages.append({"role": "user", "content": IMAGE_TAG_RE.sub("<image>", user)})
         if bot is not None:
             messages.append({"role": "assistant", "content": bot})
     prompt = shared.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -244,9 +244,9 @@ def tag_to_image(b64: str) -> Image.Image:
 
 
 def multimodal_tags(text: str) -> list[str]:
-    from modules.html_generator import IMAGE_TAG
+    from extensions.multimodal.image_codec import tag_payloads
 
-    return [m.group(1) for m in IMAGE_TAG.finditer(text)]
+    return tag_payloads(text)
 
 
 def main() -> None:

@@ -1,9 +1,16 @@
-"""Chat: history, prompt building, streaming replies, saving and loading histories.
+"""Chat: the one chat turn (UI and API alike), prompt building, saving and loading histories.
 
 A history is `{'internal': [[user, bot], ...], 'visible': [[user, bot], ...]}`: `internal` is what
-the model sees (images as `<img>` tags), `visible` what the UI shows (HTML-escaped text plus the
-image tags extensions add). Prompts come from the tokenizer's chat template, with a plain fallback;
-the oldest turns are dropped until the prompt fits `get_max_prompt_length(state)`.
+the model sees (images as the tags an extension writes), `visible` what the UI shows (HTML-escaped
+text plus those tags). Prompts come from the tokenizer's chat template, with a plain fallback; the
+oldest turns are dropped until the prompt fits `get_max_prompt_length(state)`.
+
+`generate_chat_reply(text, state, regenerate, _continue)` is the turn. The UI and the API both call
+it, so extensions see text-generation-webui's hooks in its order: history, state, chat_input,
+input, custom_generate_chat_prompt, bot_prefix (while the prompt is built), then tokenizer and
+logits_processor (in `generate_reply`), output. Pictures sent with the user message travel in
+`state['message_images']`; an extension's `chat_input_modifier` takes them into the text (the
+multimodal extension writes image tags). Pictures no extension takes are refused.
 """
 from __future__ import annotations
 
@@ -23,10 +30,17 @@ from modules.text_generation import generate_reply, get_encoded_length, get_max_
 
 HISTORY_DIR = shared.ROOT / "logs" / "chat"
 FALLBACK_USER, FALLBACK_BOT = "User:", "Assistant:"
+# The pictures sent with the user message being added (file paths, bytes or PIL images, in order).
+MESSAGE_IMAGES = "message_images"
 
 
 class ChatHistoryError(ValueError):
     """A history file that cannot be read or does not hold a chat history."""
+
+
+class ImagesNotTakenError(ValueError):
+    """Pictures came with a message, but no loaded extension takes pictures."""
+    code = "images_not_supported"
 
 
 def new_history() -> dict:
@@ -45,21 +59,31 @@ def build_messages(history: list[list[str]], user_input: str | None, state: dict
     return messages
 
 
-def render_messages(messages: list[dict], continue_last: bool = False) -> str:
+def render_messages(messages: list[dict], state: dict, continue_last: bool = False) -> str:
+    """The prompt: the messages, then the bot's prefix (through the `bot_prefix` hook) unless continuing."""
+    if continue_last:
+        return render(messages, continue_last=True)
+    body, prompt = render(messages), render(messages, add_generation_prompt=True)
+    if not prompt.startswith(body):  # a template that rewrites earlier text when asked for the prefix
+        body = prompt
+    return body + apply_extensions("bot_prefix", prompt[len(body):], state)
+
+
+def render(messages: list[dict], add_generation_prompt: bool = False, continue_last: bool = False) -> str:
     tokenizer = shared.tokenizer
     if getattr(tokenizer, "chat_template", None):
         if continue_last:
             return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return render_plain(messages, continue_last)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return render_plain(messages, add_generation_prompt)
 
 
-def render_plain(messages: list[dict], continue_last: bool) -> str:
+def render_plain(messages: list[dict], add_generation_prompt: bool) -> str:
     """For tokenizers without a chat template."""
     names = {"user": FALLBACK_USER, "assistant": FALLBACK_BOT}
     lines = [m["content"] if m["role"] == "system" else f"{names[m['role']]} {m['content']}" for m in messages]
     prompt = "\n".join(lines)
-    return prompt if continue_last else f"{prompt}\n{FALLBACK_BOT}"
+    return f"{prompt}\n{FALLBACK_BOT}" if add_generation_prompt else prompt
 
 
 def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
@@ -73,7 +97,7 @@ def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
             messages = build_messages(turns, None, state)
         else:
             messages = build_messages(turns, user_input, state)
-        prompt = render_messages(messages, continue_last=_continue)
+        prompt = render_messages(messages, state, continue_last=_continue)
         # Keep at least the turn being answered; the tokenizer hook truncates what still does not fit.
         if len(turns) <= (1 if _continue else 0) or get_encoded_length(prompt) <= max_length:
             return prompt
@@ -86,13 +110,39 @@ def get_stopping_strings(state: dict) -> list[str]:
     return [f"\n{FALLBACK_USER}"]
 
 
+def user_message(text: str, state: dict) -> tuple[str, str]:
+    """A user message as the history keeps it: (internal, visible), through the `chat_input` hooks,
+    which take the message's pictures (`state['message_images']`) into the text."""
+    text, visible = apply_extensions("chat_input", text, html.escape(text), state)
+    if state.get(MESSAGE_IMAGES):
+        raise ImagesNotTakenError(
+            f"The loaded model ({shared.model_name}) cannot take images: no loaded extension takes the "
+            f"{len(state[MESSAGE_IMAGES])} picture(s) sent. Load an image-text model (e.g. a llava-hf folder) "
+            f"or start with --multimodal-pipeline NAME.")
+    return text, visible
+
+
+def history_from_turns(turns: list[tuple[str, list, str]], state: dict) -> dict:
+    """A history from [(user text, its pictures, bot text), ...] (the API's messages): a user message
+    with pictures goes through the `chat_input` hooks as it did when the UI sent it."""
+    history = new_history()
+    for user, images, bot in turns:
+        visible = html.escape(user)
+        if images:
+            user, visible = user_message(user, {**state, MESSAGE_IMAGES: list(images)})
+        history["internal"].append([user, bot])
+        history["visible"].append([visible, html.escape(bot)])
+    return history
+
+
 def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue: bool = False,
                     loading_message: bool = True, for_ui: bool = False) -> Iterator[dict]:
     output = apply_extensions("history", copy.deepcopy(state["history"]))
-    state = apply_extensions("state", state)
+    returned = apply_extensions("state", state)
+    if returned is not state:  # callers read generation_stats and notices from the dict they passed
+        state.update(returned)
     if not (regenerate or _continue):
-        visible_text = html.escape(text)
-        text, visible_text = apply_extensions("chat_input", text, visible_text, state)
+        text, visible_text = user_message(text, state)
         text = apply_extensions("input", text, state, is_chat=True)
         output["internal"].append([text, ""])
         output["visible"].append([visible_text, ""])
@@ -133,6 +183,7 @@ def notices_html(notices: list[str]) -> str:
 
 def generate_chat_reply(text: str, state: dict, regenerate: bool = False, _continue: bool = False,
                         loading_message: bool = True, for_ui: bool = False) -> Iterator[dict]:
+    """The chat turn (text-generation-webui's semantics): yields the history as the reply grows."""
     history = state["history"]
     if regenerate or _continue:
         text = ""

@@ -145,6 +145,9 @@ EXTENSION_MAP = {
     "custom_generate_chat_prompt": partial(_apply_first, "custom_generate_chat_prompt"),
     "custom_generate_reply": partial(_apply_first, "custom_generate_reply"),
     "tokenized_length": partial(_apply_first, "custom_tokenized_length"),
+    # This host's only: the regex (named groups `mime`, `data`) of the image tags an extension writes
+    # into visible text, which the chat renders as pictures. text-generation-webui renders HTML as is.
+    "image_tag_pattern": partial(_apply_first, "image_tag_pattern"),
     "css": partial(_apply_custom_css_or_js, "custom_css"),
     "js": partial(_apply_custom_css_or_js, "custom_js"),
 }
@@ -154,22 +157,6 @@ def apply_extensions(typ: str, *args, **kwargs):
     if typ not in EXTENSION_MAP:
         raise ValueError(f"Unknown extension hook type '{typ}'. Known: {', '.join(EXTENSION_MAP)}")
     return EXTENSION_MAP[typ](*args, **kwargs)
-
-
-def create_extensions_block() -> None:
-    """Calls each loaded extension's `ui()` inside the current Gradio context, below the chat."""
-    import gradio as gr
-
-    to_display = [(ext, name) for ext, name in iterator()
-                  if hasattr(ext, "ui") and not getattr(ext, "params", {}).get("is_tab", False)]
-    if not to_display:
-        return
-    with gr.Column(elem_id="extensions"):
-        for extension, name in to_display:
-            try:
-                extension.ui()
-            except Exception:
-                logger.error(f'The UI of extension "{name}" failed:\n{traceback.format_exc()}')
 
 
 def reset() -> None:

@@ -3,22 +3,22 @@
 In: a history's `visible` turns (HTML-escaped text plus the image tags extensions add), and
 optionally notices to show under the chat. Out: one HTML string for a `gr.HTML` component.
 
-Only image tags of the exact form `<img src="data:image/jpeg;base64,...">` are kept as HTML; every
-other piece of text, whatever it looks like, is shown as text. Visible text is stored HTML-escaped
-(text-generation-webui's convention), so each text run is unescaped once and escaped again: text
-stays readable, and a history file edited by hand cannot smuggle markup in.
-This module does not decode images or check that the base64 payload is a real JPEG: the browser
-shows a data URL with a `image/jpeg` MIME type as an image or not at all, it never runs it.
+Image tags are the loaded extensions' business: the `image_tag_pattern` hook gives their regex
+(the multimodal extension's, with named groups `mime` and `data`), and each match is rebuilt as an
+`<img>` from those two groups, escaped. Every other piece of text, whatever it looks like, is shown
+as text. Visible text is stored HTML-escaped (text-generation-webui's convention), so each text run
+is unescaped once and escaped again: text stays readable, and a history file edited by hand cannot
+smuggle markup in. Without an extension that writes image tags, tags show as text.
+This module does not decode images: the browser shows an `image/*` data URL as an image or not at
+all, it never runs it.
 """
 from __future__ import annotations
 
 import html
 import re
+from typing import Optional
 
-# The one image tag form the multimodal extension writes (its technical description fixes this
-# exact regex; extensions/multimodal/image_codec.IMAGE_TAG_RE is the same pattern, tested equal).
-# The host keeps its own copy so the UI renders saved histories without loading the extension.
-IMAGE_TAG = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">')
+from modules.extensions import apply_extensions
 
 # Characters html.escape leaves alone that template engines treat as syntax. Gradio 6's gr.HTML
 # puts its value into a JS-template/Handlebars `html_template`; 6.31 does not re-evaluate the value
@@ -49,13 +49,20 @@ def escape_text(visible: str) -> str:
     return escape_plain(html.unescape(visible))
 
 
+def image_tag_pattern() -> Optional[re.Pattern]:
+    """The image-tag regex of the loaded extension that writes image tags, or None."""
+    return apply_extensions("image_tag_pattern")
+
+
 def render_text(visible: str) -> str:
-    """HTML for one visible message: exact image tags as images, everything else as text."""
+    """HTML for one visible message: the extension's image tags as images, everything else as text."""
+    pattern = image_tag_pattern()
     pieces = []
     position = 0
-    for match in IMAGE_TAG.finditer(visible):
+    for match in pattern.finditer(visible) if pattern is not None else ():
         pieces.append(escape_text(visible[position:match.start()]))
-        pieces.append(f'<img src="data:image/jpeg;base64,{match.group(1)}" alt="image">')
+        source = f"data:{match.group('mime')};base64,{match.group('data')}"
+        pieces.append(f'<img src="{escape_plain(source)}" alt="image">')
         position = match.end()
     pieces.append(escape_text(visible[position:]))
     return "".join(pieces)
@@ -63,7 +70,8 @@ def render_text(visible: str) -> str:
 
 def strip_image_tags(text: str) -> str:
     """`text` without its image tags (e.g. to put a removed message back into the textbox)."""
-    stripped = IMAGE_TAG.sub("", text)
+    pattern = image_tag_pattern()
+    stripped = pattern.sub("", text) if pattern is not None else text
     return stripped.strip() if stripped != text else text
 
 

@@ -25,7 +25,7 @@ class CachedPrefix:
 
 
 _last: CachedPrefix | None = None
-stats = {"reused_tokens": 0, "prefilled_tokens": 0}
+stats = {"reused_tokens": 0, "prefilled_tokens": 0}  # counted by modules.model_inputs
 
 
 def clear() -> None:
@@ -61,27 +61,7 @@ def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
     cache = _last.cache
     _last = None  # generate() extends the cache in place: it is only valid again once remembered
     cache.crop(usable - cached_len)
-    stats["reused_tokens"] += usable
     return cache
-
-
-def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
-                    enabled: bool) -> tuple[dict, torch.Tensor | None]:
-    """Keyword arguments for `model.generate` (inputs, attention mask and, when reusable, a cache),
-    and the prompt's embeddings (n, hidden) to `remember` afterwards (None when reuse is off)."""
-    kwargs: dict = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-    length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
-    # LLaVA placeholder ids often equal the pad id; without an explicit mask transformers masks them.
-    device = (inputs_embeds if inputs_embeds is not None else input_ids).device
-    kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=device)
-    if not enabled:
-        clear()
-        return kwargs, None
-    prompt_embeds = (inputs_embeds if inputs_embeds is not None else embed_ids(input_ids))[0]
-    cache = reusable_cache(prompt_embeds)
-    kwargs["past_key_values"] = cache if cache is not None else DynamicCache(config=shared.model.config)
-    stats["prefilled_tokens"] += length - (cache.get_seq_length() if cache is not None else 0)
-    return kwargs, prompt_embeds
 
 
 def remember(prompt_embeds: torch.Tensor, new_ids: list[int], cache) -> None:

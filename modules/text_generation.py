@@ -29,9 +29,8 @@ from transformers import LogitsProcessor as HFLogitsProcessor
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from modules import prefix_cache, shared
+from modules import model_inputs, prefix_cache, shared
 from modules.extensions import apply_extensions, iterator
-from modules.html_generator import IMAGE_TAG
 from modules.logging_colors import logger
 from modules.logits_processors import RequestParams
 from modules.models import model_device
@@ -183,7 +182,7 @@ def batch_logits_processors(state: dict, input_ids: torch.Tensor) -> Iterator[HF
         yield bridge
 
 
-def model_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+def tokenized_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
     input_ids = encode(text_for_plain_ids(question), add_bos_token=state["add_bos_token"],
                        truncation_length=get_max_prompt_length(state))
     question, input_ids, inputs_embeds = apply_extensions("tokenizer", state, question, input_ids, None)
@@ -193,13 +192,14 @@ def model_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.T
 def text_for_plain_ids(question: str) -> str:
     """The prompt to tokenize before the `tokenizer` hook runs.
 
-    Image tags carry tens of kilobytes of base64 each; when an extension's `tokenizer_modifier` is
-    loaded it replaces the ids of such prompts (the multimodal extension does), so their payloads are
-    elided instead of tokenized on every turn. Without such an extension the prompt is encoded as is.
+    Image tags carry tens of kilobytes of base64 each; the extension that writes them (it says so
+    through `image_tag_pattern`) replaces the ids of such prompts in its `tokenizer_modifier`, so
+    the tags are left out here instead of tokenized on every turn.
     """
-    if not any(hasattr(ext, "tokenizer_modifier") for ext, _ in iterator()):
+    pattern = apply_extensions("image_tag_pattern")
+    if pattern is None or not any(hasattr(ext, "tokenizer_modifier") for ext, _ in iterator()):
         return question
-    return IMAGE_TAG.sub('<img src="data:image/jpeg;base64,">', question)
+    return pattern.sub("", question)
 
 
 # All model compute (the tokenizer hook's vision forward, prefill, decoding) runs on one long-lived
@@ -225,7 +225,7 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
     """On the compute thread: model inputs, then `model.generate`; every outcome goes to `events`."""
     try:
         with torch.inference_mode():
-            question, input_ids, inputs_embeds = model_inputs(question, state)
+            question, input_ids, inputs_embeds = tokenized_inputs(question, state)
             events.put(PromptReady(int(input_ids.shape[-1])))
             with batch_logits_processors(state, input_ids) as batch_processors:
                 kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event, batch_processors)
@@ -246,7 +246,7 @@ def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
                     stop_event: threading.Event,
                     batch_processors: HFLogitsProcessor | None = None) -> tuple[dict, torch.Tensor | None]:
     kwargs = sampling_params(state)
-    inputs, prompt_embeds = prefix_cache.generate_inputs(input_ids, inputs_embeds, enabled=prefix_cache_enabled(state))
+    inputs, prompt_embeds = model_inputs.generate_inputs(input_ids, inputs_embeds, prefix_cache_enabled(state))
     kwargs.update(inputs)
     # The batch-level processors see the raw logits first, as in vLLM; extensions append theirs after.
     first = [batch_processors] if batch_processors is not None else []

@@ -4,9 +4,11 @@ Components are registered in `shared.gradio` (text-generation-webui's names: 'te
 'Generate', 'Stop', 'history', 'display', ...) so extensions can attach to them in `ui()`.
 Each browser session holds its own history in a `gr.State`.
 
+Extensions' UIs: each loaded extension's `ui()` is called below the chat (`create_extensions_block`).
 Per-message extension inputs: an extension's `ui()` may register components in
 `shared.gradio['extension_inputs']` (state key -> component), e.g. the multimodal extension's
-`multimodal_images`. On Generate/Enter the host reads the textbox and those components into
+image input as `message_images` (the key the API fills with a message's pictures too, so both
+reach extensions the same way). On Generate/Enter the host reads the textbox and those components into
 per-session `gr.State`s and clears them (one queue=False step, so clearing never races with the
 read), then generates with `state[key]` = the value read. Values are whatever the component's
 preprocess returns; an empty value reaches the state as None.
@@ -25,7 +27,7 @@ from typing import Iterator
 import gradio as gr
 
 from modules import chat, shared
-from modules.extensions import apply_extensions, create_extensions_block
+from modules.extensions import apply_extensions, iterator
 from modules.html_generator import CHAT_CSS, chat_html_wrapper, strip_image_tags
 from modules.logging_colors import logger
 from modules.text_generation import stop_everything_event
@@ -151,6 +153,20 @@ def create_chat_tab() -> None:
     create_parameters()
     create_extensions_block()
     create_save_load()
+
+
+def create_extensions_block() -> None:
+    """Calls each loaded extension's `ui()` inside the current Gradio context, below the chat."""
+    to_display = [(ext, name) for ext, name in iterator()
+                  if hasattr(ext, "ui") and not getattr(ext, "params", {}).get("is_tab", False)]
+    if not to_display:
+        return
+    with gr.Column(elem_id="extensions"):
+        for extension, name in to_display:
+            try:
+                extension.ui()
+            except Exception:  # one extension's broken UI must not take the chat down
+                logger.error(f'The UI of extension "{name}" failed:\n{traceback.format_exc()}')
 
 
 def create_parameters() -> None:

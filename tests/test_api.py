@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from modules import chat, shared
-from modules.api.prompts import to_chat_input
+from modules.api.messages import Message, to_chat_input
 from modules.text_generation import encode, generate_reply
 from tests import api_helpers, host_helpers
 
@@ -71,13 +71,14 @@ def test_system_message_and_history_reach_the_prompt(llama_api):
 
 
 def test_messages_become_turns():
-    chat_in = to_chat_input([("system", "S1"), ("user", "a"), ("user", "b"), ("assistant", "c"), ("developer", "S2"),
-                             ("assistant", "d"), ("user", "e")])
+    chat_in = to_chat_input([(role, Message(text, [text.encode()] if role == "user" else [])) for role, text in [
+        ("system", "S1"), ("user", "a"), ("user", "b"), ("assistant", "c"), ("developer", "S2"), ("assistant", "d"),
+        ("user", "e")]])
     assert chat_in.system_message == "S1\n\nS2"
-    assert chat_in.turns == [["a\nb", "c\nd"]]
-    assert (chat_in.user_input, chat_in.continue_last) == ("e", False)
-    prefill = to_chat_input([("user", "a"), ("assistant", "The answer is")])
-    assert prefill.turns == [["a", "The answer is"]] and prefill.continue_last
+    assert chat_in.turns == [("a\nb", [b"a", b"b"], "c\nd")]
+    assert (chat_in.user_input, chat_in.continue_last) == (Message("e", [b"e"]), False)
+    prefill = to_chat_input([("user", Message("a")), ("assistant", Message("The answer is"))])
+    assert prefill.turns == [("a", [], "The answer is")] and prefill.continue_last
 
 
 def test_stream_adds_up_to_the_reply(llama_api):
@@ -230,7 +231,7 @@ def test_chat_image_reply_equals_hugging_face_generate(llava_api):
     data = api_helpers.image_bytes("green", "triangle")
     result = llava_api.client().chat.completions.create(messages=[image_message(data)], **GREEDY)
     tag = multimodal.image_bytes_to_tag(data)
-    picture = decode_image_bytes(base64.b64decode(IMAGE_TAG_RE.fullmatch(tag).group(1)))  # the JPEG the host keeps
+    picture = decode_image_bytes(base64.b64decode(IMAGE_TAG_RE.fullmatch(tag).group("data")))  # the JPEG the host keeps
     state = host_helpers.greedy_state()
     prompt = chat.generate_chat_prompt("<image>\nWhat is in the picture?", state, history=chat.new_history())
     inputs = shared.processor(text=prompt, images=[picture], return_tensors="pt")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.browser_helpers import (greedy_server, CHROMIUM, PAYLOAD, assert_nothing_ran, free_port, open_chat, record_replies, screenshot, send, wait_for_http, wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} "
@@ -104,7 +105,10 @@ def planted_server(host, llama_dir, tmp_path, monkeypatch):
     chat.HISTORY_DIR.mkdir()
     (chat.HISTORY_DIR / "planted.json").write_text(json.dumps(history))
     try:
-        host.load(llama_dir, ["planting"], settings={"max_new_tokens": 4})
+        # The multimodal extension (on a fake pipeline) defines the image tags the chat renders as pictures.
+        host.load(llama_dir, ["planting", "multimodal"], argv=["--multimodal-pipeline", "fake-linear"],
+                  settings={"max_new_tokens": 4,
+                            "multimodal-pipeline_dirs": [str(ROOT / "tests" / "multimodal_pipelines")]})
         interface = ui_chat.create_interface()
         port = free_port()
         interface.queue(default_concurrency_limit=4)

@@ -1,7 +1,7 @@
 """The shipped demo model `models/tiny-llava-shapes/` sees, through the path users take.
 
 Conversations go through the host with the multimodal extension, the way `python server.py` runs
-it: pictures sent beside the text as the UI sends them (`state['multimodal_images']`), stored as
+it: pictures sent beside the text as the UI sends them (`state['message_images']`), stored as
 JPEG `<img>` tags, split, embedded by the llava-hf pipeline, stitched and generated greedily.
 Pictures are fresh (seeds training never used). Transformers' own `generate(**processor(...))` is
 the oracle for the training script's prompt encoding and for the host's answers.
@@ -166,11 +166,11 @@ def test_add_all_images_on_and_off_answers_are_about_the_newest_image(host, add_
 
 def test_the_host_answers_as_transformers_does(demo):
     """Greedy replies through the host equal `generate(**processor(text, images))` on the same JPEGs."""
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
+    from extensions.multimodal.image_codec import tag_b64_to_image, tag_payloads
 
     red, blue = one_shape("red", "star", 71), one_shape("blue", "circle", 72)
     reply, history = chat_turn(ORDER_QUESTION.format(colour="red"), new_history(), [blue, red])
-    stored = [tag_b64_to_image(b64) for b64 in IMAGE_TAG_RE.findall(history["internal"][-1][0])]
+    stored = [tag_b64_to_image(b64) for b64 in tag_payloads(history["internal"][-1][0])]
     prompt = shared.tokenizer.apply_chat_template(
         [{"role": "user", "content": ("<image>\n" * 2) + ORDER_QUESTION.format(colour="red")}],
         tokenize=False, add_generation_prompt=True)

@@ -48,7 +48,7 @@ def test_oldest_turns_are_dropped_until_the_prompt_fits(llama):
     assert "Question number 29" in prompt and "Question number 0 " not in prompt
     one_more = chat.build_messages(state["history"]["internal"][-1 - prompt.count("ASSISTANT: Answer"):],
                                    "Last question?", state)
-    assert get_encoded_length(chat.render_messages(one_more)) > get_max_prompt_length(state), "dropped no more than needed"
+    assert get_encoded_length(chat.render_messages(one_more, state)) > get_max_prompt_length(state), "dropped no more than needed"
 
 
 def test_a_turn_streams_and_lands_in_both_histories(llama):
@@ -128,3 +128,10 @@ def test_a_process_killed_while_saving_leaves_the_previous_history(tmp_path, mon
         if loaded == previous:
             break
     assert chat.load_history(path)["internal"]
+
+
+def test_pictures_no_extension_takes_are_refused(host, llama_dir):
+    host.load(llama_dir)
+    state = host.greedy_state(message_images=[b"any picture"])
+    with pytest.raises(chat.ImagesNotTakenError, match="cannot take images"):
+        list(chat.generate_chat_reply("What is this?", state))

@@ -16,7 +16,7 @@ from tests.test_multimodal_hostile import (animated_gif, exif_rotated, palette_w
 @pytest.fixture
 def llava_ui(host, llava_dir):
     host.load(llava_dir, ["multimodal"])
-    shared.gradio["extension_inputs"] = {"multimodal_images": None}
+    shared.gradio["extension_inputs"] = {"message_images": None}
     yield host
     shared.gradio.pop("extension_inputs", None)
 
@@ -97,7 +97,7 @@ def test_odd_but_valid_uploads_are_answered(llava_ui, tmp_path, case):
     script = sys.modules["extensions.multimodal.script"]
     from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
 
-    stored = tag_b64_to_image(IMAGE_TAG_RE.search(after["internal"][-1][0]).group(1))
+    stored = tag_b64_to_image(IMAGE_TAG_RE.search(after["internal"][-1][0]).group("data"))
     assert stored.mode == "RGB" and max(stored.size) <= script.history_max_side()
 
 

@@ -1,7 +1,8 @@
-"""html_generator: only the exact JPEG image tag renders as markup; every other text is shown as text.
+"""html_generator: only the image tags of the loaded extension render as markup; every other text is shown as text.
 
-The rendered HTML is parsed back with Python's HTML parser (what a browser builds from it): the
-checks are on the resulting elements and text, not on string shapes.
+The tag's regex comes from the multimodal extension's `image_tag_pattern` hook (loaded by the
+autouse fixture below). The rendered HTML is parsed back with Python's HTML parser (what a browser
+builds from it): the checks are on the resulting elements and text, not on string shapes.
 """
 from __future__ import annotations
 
@@ -10,11 +11,20 @@ import html
 import io
 from html.parser import HTMLParser
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from modules.html_generator import IMAGE_TAG, chat_html_wrapper, render_text, strip_image_tags
+from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from modules import extensions
+from modules.html_generator import chat_html_wrapper, render_text, strip_image_tags
+
+
+@pytest.fixture(autouse=True)
+def multimodal_hooks(host):
+    """The multimodal extension loaded as far as its hooks (no model needed to render)."""
+    extensions.state["multimodal"] = [True, 0]
 
 
 def jpeg_b64(color=(200, 30, 30)) -> str:
@@ -56,13 +66,27 @@ def assert_inert(markup: str) -> None:
         assert tag in ("div", "img"), f"unexpected element <{tag}> in {markup!r}"
         assert not any(name.startswith("on") for name in attrs), attrs
         if tag == "img":
-            assert set(attrs) == {"src", "alt"} and attrs["src"].startswith("data:image/jpeg;base64,")
+            assert set(attrs) == {"src", "alt"} and attrs["src"].startswith(("data:image/jpeg;base64,",
+                                                                              "data:image/png;base64,"))
 
 
 def test_exact_jpeg_tag_renders_as_an_image_between_text():
     markup = render_text(f"before {TAG} after")
     assert images(markup) == [{"src": f"data:image/jpeg;base64,{B64}", "alt": "image"}]
     assert Parsed(markup).text == "before [IMG] after"
+    assert_inert(markup)
+
+
+def test_a_png_tag_renders_as_a_png_image():
+    markup = render_text(f'<img src="data:image/png;base64,{B64}">')
+    assert images(markup) == [{"src": f"data:image/png;base64,{B64}", "alt": "image"}]
+    assert_inert(markup)
+
+
+def test_without_an_extension_that_writes_tags_they_show_as_text():
+    extensions.state.clear()
+    markup = render_text(f"before {TAG} after")
+    assert images(markup) == [] and Parsed(markup).text == f"before {TAG} after"
     assert_inert(markup)
 
 
@@ -77,7 +101,7 @@ def test_several_images_keep_their_order():
 PAYLOADS = [
     "<script>window.__pwned = 1</script>",
     '<img src=x onerror="window.__pwned = 2">',
-    f'<img src="data:image/png;base64,{B64}">',                # another MIME type
+    f'<img src="data:image/gif;base64,{B64}">',                # another MIME type
     f'<img src="data:image/jpeg;base64,{B64}" onerror="window.__pwned = 3">',  # an extra attribute
     f"<img src='data:image/jpeg;base64,{B64}'>",               # other quotes
     f'<IMG src="data:image/jpeg;base64,{B64}">',               # other case
@@ -133,22 +157,16 @@ def test_strip_image_tags():
     assert strip_image_tags("  no images  ") == "  no images  "
 
 
-def test_host_regex_is_the_extensions_regex():
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE
-
-    assert IMAGE_TAG.pattern == IMAGE_TAG_RE.pattern
-
-
 PIECES = st.sampled_from(["<", ">", "\"", "'", "&", "=", "/", " ", "img", "src", "script", "on", "error",
                           "data:image/jpeg;base64,", "data:image/png;base64,", "AAAA", "amp;", "lt;", "#60;",
                           "{", "}", "$", "`", "\n", "é", TAG])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(PIECES, max_size=30).map("".join))
 def test_any_text_renders_inert_and_keeps_its_characters(text):
     markup = render_text(text)
     assert_inert(markup)
-    expected = IMAGE_TAG.sub("\x00", text)
+    expected = IMAGE_TAG_RE.sub("\x00", text)
     shown = "[IMG]".join(html.unescape(part) for part in expected.split("\x00"))
     assert Parsed(markup).text == shown

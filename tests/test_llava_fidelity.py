@@ -38,7 +38,7 @@ def served(host, folder):
 def tagged(sizes):
     """(tags, the images decoded back from them)."""
     tags = [image_to_tag(random_image(w, h, seed)) for seed, (w, h) in enumerate(sizes)]
-    return tags, [tag_b64_to_image(IMAGE_TAG_RE.search(tag).group(1)) for tag in tags]
+    return tags, [tag_b64_to_image(IMAGE_TAG_RE.search(tag).group("data")) for tag in tags]
 
 
 CASES = [("llava", [(32, 32)]), ("llava", [(48, 40), (24, 56)]),

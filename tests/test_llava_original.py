@@ -256,7 +256,7 @@ def test_served_through_the_extension(host, llava_original_dirs):
     script = importlib.import_module("extensions.multimodal.script")
     assert script.multimodal_embedder is not None and script.multimodal_embedder.pipeline.name() == "llava-v1.5-7b"
     tag = image_to_tag(IMAGES[0])
-    decoded = tag_b64_to_image(IMAGE_TAG_RE.search(tag).group(1))
+    decoded = tag_b64_to_image(IMAGE_TAG_RE.search(tag).group("data"))
     prompt = f"USER: {tag}\nWhat is this?\nASSISTANT:"
     state = host.greedy_state(max_new_tokens=4, ban_eos_token=True)
     _, ids, embeds = apply_extensions("tokenizer", state, prompt, encode(prompt), None)

@@ -17,7 +17,7 @@ from tests.multimodal_fake_pipeline import encoded, noise_image, solid_image, ta
 def tag_bytes(tag_text: str) -> bytes:
     match = IMAGE_TAG_RE.fullmatch(tag_text)
     assert match is not None, tag_text[:80]
-    return base64.b64decode(match.group(1))
+    return base64.b64decode(match.group("data"))
 
 
 def test_tag_has_the_exact_form_and_real_jpeg_bytes():
@@ -30,7 +30,7 @@ def test_tag_has_the_exact_form_and_real_jpeg_bytes():
 
 def test_jpeg_round_trip_keeps_the_pixels_close():
     image = Image.fromarray(np.tile(np.linspace(0, 255, 48, dtype=np.uint8), (32, 1))[..., None].repeat(3, 2), "RGB")
-    back = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_to_tag(image)).group(1))
+    back = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_to_tag(image)).group("data"))
     assert back.mode == "RGB" and back.size == image.size
     difference = np.abs(np.asarray(back, dtype=int) - np.asarray(image, dtype=int))
     assert difference.mean() < 3
@@ -75,7 +75,7 @@ def test_exif_orientation_is_applied():
 def test_png_webp_and_gif_behind_the_jpeg_label_decode():
     for fmt in ("PNG", "WEBP", "GIF", "BMP"):
         text = tag(solid_image((0, 0, 255)), fmt)
-        image = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(text).group(1))
+        image = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(text).group("data"))
         assert image.mode == "RGB" and image.getpixel((3, 3))[2] > 200, fmt
 
 
@@ -103,5 +103,11 @@ def test_sixteen_bit_grey_is_scaled_not_clipped():
     assert abs(image.getpixel((0, 0))[0] - 128) <= 1
 
 
-def test_regex_is_the_one_in_the_technical_description():
-    assert image_codec.IMAGE_TAG_RE.pattern == r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">'
+def test_regex_reads_the_technical_description_s_tag_and_png():
+    """The technical description's exact tag, and `image/png` for lossless pictures; nothing looser."""
+    for mime in ("image/jpeg", "image/png"):
+        match = image_codec.IMAGE_TAG_RE.fullmatch(f'<img src="data:{mime};base64,QUJD+/==">')
+        assert match and (match.group("mime"), match.group("data")) == (mime, "QUJD+/==")
+    for near_miss in ('<img src="data:image/gif;base64,QUJD">', '<img src="data:image/jpeg;base64,QU"JD">',
+                      "<img src='data:image/jpeg;base64,QUJD'>", '<img src="data:image/jpeg;base64,">'):
+        assert image_codec.IMAGE_TAG_RE.search(near_miss) is None, near_miss

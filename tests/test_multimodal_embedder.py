@@ -201,7 +201,7 @@ def test_stitched_rows_equal_the_pipeline_embeddings_in_prompt_order(llama):
     expected = []
     for text, bos, image_tag in (("Look:<Img>", True, tags[0]), ("</Img> and <Img>", False, tags[1])):
         expected.append(pipeline.embed_tokens(encode(text, add_bos_token=bos)[0]))
-        decoded = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_tag).group(1))
+        decoded = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_tag).group("data"))
         expected.append(pipeline.embed_images([decoded])[0])
     expected.append(pipeline.embed_tokens(encode("</Img>?", add_bos_token=False)[0]))
     assert torch.equal(embeds, torch.cat(expected))

@@ -18,6 +18,7 @@ from PIL import Image
 from modules import chat, extensions, shared
 from modules.text_generation import decode, generate_reply
 from tests.conftest import ROOT
+from extensions.multimodal.image_codec import tag_payloads
 from tests.multimodal_fake_pipeline import encoded, noise_image, tag
 
 PIPELINE_DIRS = str(ROOT / "tests" / "multimodal_pipelines")
@@ -47,7 +48,7 @@ def test_chat_turns_with_images_stream_and_equal_model_generate(host, llama_dir,
         path = tmp_path / f"picture{turn}.png"
         noise_image(seed, (48, 40)).save(path)
         state = host.greedy_state(max_new_tokens=10, ban_eos_token=True, history=history,
-                                  multimodal_images=[str(path)])
+                                  message_images=[str(path)])
         outputs = [copy_of(o) for o in chat.chatbot_wrapper("What is in the picture?", state)]
         user_text = outputs[-1]["internal"][-1][0]
         assert script.IMAGE_TAG_RE.fullmatch(user_text.split("\n")[0]) and user_text.endswith("\nWhat is in the picture?")
@@ -127,7 +128,7 @@ def test_settings_override_params(host, llama_dir):
 def test_image_bytes_to_tag_caps_at_the_pipeline_size(host, llama_dir):
     script = load_multimodal(host, llama_dir)
     text = script.image_bytes_to_tag(encoded(noise_image(1, (200, 100)), "PNG"))
-    data = base64.b64decode(script.IMAGE_TAG_RE.fullmatch(text).group(1))
+    data = base64.b64decode(script.IMAGE_TAG_RE.fullmatch(text).group("data"))
     image = Image.open(BytesIO(data))
     assert image.format == "JPEG" and image.size == (64, 32)
 
@@ -139,10 +140,10 @@ def test_image_placeholders_in_the_text_take_the_images_in_order(host, llama_dir
         paths.append(tmp_path / f"{seed}.png")
         noise_image(seed).save(paths[-1])
     text, visible = script.chat_input_modifier("compare <image> with <image>", "compare &lt;image&gt; with &lt;image&gt;",
-                                               {"multimodal_images": [str(p) for p in paths]})
-    tags = script.IMAGE_TAG_RE.findall(text)
+                                               {"message_images": [str(p) for p in paths]})
+    tags = tag_payloads(text)
     assert len(tags) == 2 and text.startswith("compare <img") and "> with <img" in text
-    assert script.IMAGE_TAG_RE.findall(visible) == tags
+    assert tag_payloads(visible) == tags
 
 
 def test_input_hijack_fallback(host, llama_dir):

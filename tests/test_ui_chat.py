@@ -14,7 +14,7 @@ import gradio as gr
 import pytest
 
 import extensions as extensions_package
-from modules import chat, shared, ui_chat
+from modules import chat, extensions, shared, ui_chat
 
 HARNESS = '''
 import gradio as gr
@@ -117,7 +117,8 @@ def test_send_reads_and_clears_inputs_before_generating(harness):
     assert ui_chat.take_inputs("hi", empty, []) == ("hi", 0, None, "", None)
 
 
-def test_a_message_whose_turn_failed_goes_back_to_the_textbox():
+def test_a_message_whose_turn_failed_goes_back_to_the_textbox(host):
+    extensions.state["multimodal"] = [True, 0]  # the extension that writes image tags (its hooks only)
     one_turn = {"internal": [["Hi", "Hello."]], "visible": [["Hi", "Hello."]]}
     tag = '<img src="data:image/jpeg;base64,AAAA">'
     assert ui_chat.restore_unsent_text(f"{tag}What is this?", one_turn, 1) == "What is this?"
@@ -176,6 +177,7 @@ def test_regenerate_remove_last_and_clear(llama):
     history = last(ui_chat.generate("Hello", chat.new_history(), *params(6)))[-1][1]
     again = last(ui_chat.regenerate(history, *params(6)))[-1][1]
     assert again == history, "greedy regeneration gives the same reply"
+    extensions.state["multimodal"] = [True, 0]  # the extension that writes image tags (its hooks only)
     tag = '<img src="data:image/jpeg;base64,AAAA">'
     with_image = {"internal": [[f"{tag}\nWhat is it?", "A cat."]], "visible": [[f"{tag}\nWhat is it?", "A cat."]]}
     display, removed, text = ui_chat.remove_last(with_image)

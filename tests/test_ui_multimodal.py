@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from modules import chat, shared, ui_chat
-from modules.html_generator import IMAGE_TAG
+from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_payloads
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def close(color, expected, tolerance=24) -> bool:
 
 def test_the_image_input_is_registered_and_cleared_on_send(llava):
     interface = ui_chat.create_interface()
-    images = shared.gradio["extension_inputs"]["multimodal_images"]
+    images = shared.gradio["extension_inputs"]["message_images"]
     assert isinstance(images, gr.File) and images.file_count == "multiple" and images.file_types == ["image"]
     assert images.type == "filepath"
     config = interface.get_config_file()
@@ -84,12 +84,12 @@ def test_images_attach_at_markers_then_before_the_text(llava, tmp_path):
     outputs = list(ui_chat.generate("Compare <image> with that.", chat.new_history(), *params(4), [red, blue]))
     display, history = outputs[-1]
     visible_user, reply = history["visible"][0]
-    tags = IMAGE_TAG.findall(visible_user)
+    tags = tag_payloads(visible_user)
     assert len(tags) == 2
     assert close(tag_color(tags[0]), (20, 20, 220)), "the image left over goes before the text"
     assert close(tag_color(tags[1]), (220, 20, 20)), "the first image takes the <image> marker"
-    assert re.sub(IMAGE_TAG, "[IMG]", visible_user) == "[IMG]\nCompare [IMG] with that."
-    assert IMAGE_TAG.findall(history["internal"][0][0]) == tags
+    assert IMAGE_TAG_RE.sub("[IMG]", visible_user) == "[IMG]\nCompare [IMG] with that."
+    assert tag_payloads(history["internal"][0][0]) == tags
     assert display.count('<img src="data:image/jpeg;base64,') == 2 and reply
     assert shared.generation_lock.locked() is False
 

@@ -3,7 +3,7 @@
     python tools/eval_demo_model.py                       # the shipped model, 100 questions per kind
     python tools/eval_demo_model.py --model /tmp/m --seed 7 --n 50
 
-Each question is a chat turn sent as the UI sends it: the pictures go in `state['multimodal_images']`,
+Each question is a chat turn sent as the UI sends it: the pictures go in `state['message_images']`,
 the extension stores them as JPEG `<img>` tags in the history, splits the prompt, embeds the images
 with the llava-hf pipeline and stitches `inputs_embeds`; the host generates greedily. Pictures are
 fresh: drawn from `--seed`, which training (seed 0 and its stream) never used.
@@ -100,7 +100,7 @@ def chat_turn(text: str, history: dict, images: list) -> tuple[str, dict]:
     from modules.chat import generate_chat_reply
 
     state = dict(shared.settings, do_sample=False, max_new_tokens=24, seed=0, history=history,
-                 multimodal_images=list(images))
+                 message_images=list(images))
     history = list(generate_chat_reply(text, state, loading_message=False))[-1]
     return history["internal"][-1][1], history
 

@@ -11,16 +11,22 @@ Start-up (`modules.extensions.load_extensions`):
   `modules/logits_processors.py`; an example is `examples/target_token.py`) with every other
   loaded processor. text-generation-webui ignores that list: use hook 9 there.
 Building the UI (`modules.ui_chat`): `custom_css()`, `custom_js()`, then `ui()` below the chat.
-Each chat turn (`modules.chat.chatbot_wrapper`):
+Each chat turn (`modules.chat.generate_chat_reply`, the same for the UI and `/v1/chat/completions`):
   4. `history_modifier(history)`, `state_modifier(state)`;
   5. `chat_input_modifier(text, visible_text, state)` -> (text for the model, text for the UI);
+     pictures sent with the message are in `state['message_images']` (UI uploads, API image parts):
+     an extension that uses them pops the key (pictures nobody takes are refused);
   6. `input_modifier(string, state, is_chat)`;
   7. `custom_generate_chat_prompt(user_input, state, **kwargs)` -> a prompt, or leave it undefined;
-     prompt building calls `custom_tokenized_length(prompt)` (through `get_encoded_length`) to measure;
+     otherwise the host builds it and calls `bot_prefix_modifier(string, state)` on the start of the
+     bot's turn; prompt building calls `custom_tokenized_length(prompt)` (through
+     `get_encoded_length`) to measure;
   8. `tokenizer_modifier(state, prompt, input_ids, input_embeds)` -> (prompt, input_ids, input_embeds):
      return `input_embeds` [1, n, hidden] to make the model generate from embeddings;
   9. `logits_processor_modifier(processor_list, input_ids)` -> append LogitsProcessors;
  10. `output_modifier(string, state, is_chat)` on the finished reply.
+This host only: `image_tag_pattern()` -> a compiled regex with groups `mime` and `data` for the
+image tags the extension writes into messages; the chat renders each match as a picture.
 """
 from __future__ import annotations
 
@@ -75,6 +81,11 @@ def custom_tokenized_length(prompt: str) -> int:
 
 
 del custom_tokenized_length  # defining it would replace the host's own length for every prompt
+
+
+def bot_prefix_modifier(string: str, state: dict) -> str:
+    """The text that starts the bot's turn in the prompt (e.g. 'ASSISTANT:'), while the prompt is built."""
+    return string
 
 
 def tokenizer_modifier(state: dict, prompt: str, input_ids, input_embeds):

@@ -1,5 +1,8 @@
 """Image codec: the history's `<img>` tag <-> bytes <-> PIL images.
 
+The tag is defined here, once: `IMAGE_TAG_RE` reads it (named groups `mime` and `data`), `make_tag`
+writes it. The host learns it through the extension's `image_tag_pattern()` hook (to render images
+in the chat), never from a copy.
 In: a base64 string found by `IMAGE_TAG_RE`, or raw bytes in any format Pillow reads (older
 histories hold PNG bytes under the jpeg label; the API hands over WebP, GIF, ...).
 Out: upright RGB images (alpha flattened onto white, EXIF orientation applied, first frame of an
@@ -18,11 +21,15 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# The one tag form the extension writes and reads (the technical description requires it exactly).
-IMAGE_TAG_RE = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)">')
-TAG_TEMPLATE = '<img src="data:image/jpeg;base64,{}">'
+from extensions.multimodal.defaults import DEFAULT_PARAMS
 
-DEFAULT_MAX_PIXELS = 40_000_000
+# The tag the extension writes and reads: `<img src="data:image/jpeg;base64,...">` as the technical
+# description fixes it, and `image/png` for lossless pictures. Only base64 characters in the data
+# and two MIME types: a match can never carry markup.
+IMAGE_TAG_RE = re.compile(r'<img src="data:(?P<mime>image/(?:jpeg|png));base64,(?P<data>[A-Za-z0-9+/=]+)">')
+TAG_TEMPLATE = '<img src="data:{mime};base64,{data}">'
+
+DEFAULT_MAX_PIXELS = DEFAULT_PARAMS["max_image_pixels"]
 JPEG_QUALITY = 90
 WHITE = (255, 255, 255)
 # Bumped whenever decoding/normalising changes pixels: it is part of the embedding cache key.
@@ -35,6 +42,16 @@ HIGH_BIT_DEPTH_MODES = {"I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
 
 class ImageDecodeError(ValueError):
     """An image that cannot be read: bad base64, not an image, truncated, too large, ..."""
+    code = "invalid_image"  # hosts that answer with error codes (the API) use it
+
+
+def make_tag(data: bytes, mime: str = "image/jpeg") -> str:
+    return TAG_TEMPLATE.format(mime=mime, data=base64.b64encode(data).decode("ascii"))
+
+
+def tag_payloads(text: str) -> list[str]:
+    """The base64 data of every image tag in `text`, in order."""
+    return [match.group("data") for match in IMAGE_TAG_RE.finditer(text)]
 
 
 def ordinal(n: int) -> str:
@@ -163,7 +180,7 @@ def image_to_jpeg_bytes(image: Image.Image, max_side: Optional[int] = None) -> b
 
 def image_to_tag(image: Image.Image, max_side: Optional[int] = None) -> str:
     """A history tag holding real JPEG bytes of `image` (normalised, longest side capped at `max_side`)."""
-    return TAG_TEMPLATE.format(base64.b64encode(image_to_jpeg_bytes(image, max_side)).decode("ascii"))
+    return make_tag(image_to_jpeg_bytes(image, max_side))
 
 
 def bytes_to_tag(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: Optional[int] = None,

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+from extensions.multimodal.defaults import with_defaults
 from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
                                                    tensor_nbytes)
 from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, b64_to_bytes, decode_image_bytes,
@@ -36,7 +37,6 @@ from modules.text_generation import encode, get_max_prompt_length
 
 __all__ = ["PromptPart", "MultimodalEmbedder", "EmbeddingCountError", "TooManyImagesError", "PromptTooLongError"]
 
-DEFAULT_CACHE_MB = 256
 TEXT_MEMO_BYTES = 8 * 1024 * 1024
 
 
@@ -67,7 +67,7 @@ class MultimodalEmbedder:
             pipeline, _ = load_pipeline(params)
         self.pipeline = pipeline
         self.params = params
-        self.cache = BoundedLRU(megabytes(params.get("embedding_cache_mb", DEFAULT_CACHE_MB)))
+        self.cache = BoundedLRU(megabytes(with_defaults(params)["embedding_cache_mb"]))
         self.text_memo = BoundedLRU(TEXT_MEMO_BYTES)
         self.last_stats = EmbedStats()
         self._owner: tuple = (None, None)  # the (model, tokenizer) the caches were filled with

@@ -42,7 +42,7 @@ def split_prompt(prompt: str, image_start: Optional[str], image_end: Optional[st
     for index, match in enumerate(IMAGE_TAG_RE.finditer(prompt)):
         text = prompt[position:match.start()]
         parts.append(PromptPart(text=(end if index > 0 else "") + text + start))
-        parts.append(PromptPart(text=match.group(0), is_image=True, b64=match.group(1), index=index))
+        parts.append(PromptPart(text=match.group(0), is_image=True, b64=match.group("data"), index=index))
         position = match.end()
     parts.append(PromptPart(text=(end if parts else "") + prompt[position:]))
     return parts

@@ -12,7 +12,8 @@ Hooks, in the order the host calls them:
   fits. Runs without a UI.
 - `ui()`: the image input (extensions/multimodal/ui.py), built inside the host's Gradio layout.
 - `chat_input_modifier(text, visible_text, state)`: puts the images sent with this message
-  (`state['multimodal_images']`, or `input_hijack`) into the text as `<img>` tags.
+  (`state['message_images']`, from this repository's UI and API, or `input_hijack`) into the text
+  as `<img>` tags: each `<image>` in the text takes the next one, the rest go before the text.
 - `custom_tokenized_length(prompt)`: prompt length in tokens, image tokens included.
 - `tokenizer_modifier(state, prompt, input_ids, input_embeds)`: for a prompt with images (`<img>`
   tags, or text-generation-webui's `<__media__>` markers with the pictures in `state`),
@@ -22,6 +23,7 @@ Hooks, in the order the host calls them:
   processors (text-generation-webui), adds the ban on image placeholder tokens
   (extensions/multimodal/placeholder_ban.py). This repository's host constructs the batch-level
   `logits_processors` after `setup()` instead, and this hook adds nothing.
+- `image_tag_pattern()` (this repository's host only): the tag's regex, so its chat renders the pictures.
 `image_bytes_to_tag(data)` turns image bytes into the history's tag.
 Settings `multimodal-<key>` override `params[key]` before `setup()`.
 """
@@ -67,6 +69,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from extensions.multimodal import loaded_model  # noqa: E402
+from extensions.multimodal.defaults import DEFAULT_PARAMS  # noqa: E402
 from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError,  # noqa: E402
                                                bytes_to_tag, image_to_tag, ordinal)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder  # noqa: E402
@@ -81,31 +84,7 @@ except ImportError as error:  # a host without batch-level processors (text-gene
         raise
     batch_ban_class = None
 
-params = {
-    # the pipeline to use (the `multimodal-pipeline` setting; `--multimodal-pipeline` wins where the host has it)
-    "pipeline": None,
-    "add_all_images_to_prompt": False,
-    # device to run the vision encoder on (None: the language model's device)
-    "vision_device": None,
-    # bits to load the vision encoder in: 32, 16 or 'bf16'
-    "vision_bits": 32,
-    # device to run the multimodal projector on
-    "projector_device": None,
-    # bits to load the projector in: 32, 16 or 'bf16'
-    "projector_bits": 32,
-    # images larger than this many pixels are rejected before they are decoded
-    "max_image_pixels": DEFAULT_MAX_PIXELS,
-    # the most images embedded in one prompt (None: only the pipeline's own limit)
-    "max_images_per_prompt": None,
-    # image embeddings kept between turns, in MiB (0 turns the cache off)
-    "embedding_cache_mb": 256,
-    # more folders holding pipeline modules, searched after extensions/multimodal/pipelines/
-    "pipeline_dirs": [],
-    # original LLaVA checkpoints: a local CLIP folder instead of the hub repo the release used
-    "vision_tower": None,
-    # original LLaVA checkpoints: a local mm_projector .bin/.safetensors instead of the model folder's
-    "projector_path": None,
-}
+params = dict(DEFAULT_PARAMS)
 
 # text-generation-webui's way for a UI to hand images to the next chat message:
 # {'state': True, 'value': fn(text, visible_text) -> (text, visible_text)} applies once.
@@ -116,6 +95,9 @@ multimodal_embedder: Optional[MultimodalEmbedder] = None
 # Longest side stored in history when the pipeline states no preference (keeps histories small).
 DEFAULT_HISTORY_MAX_SIDE = 1024
 IMAGE_PLACEHOLDER = "<image>"
+# This repository's host hands the pictures sent with a user message (UI upload, API image parts) to
+# extensions in this state key; the extension takes them, so the host knows they were used.
+MESSAGE_IMAGES = "message_images"
 
 
 def current_placeholder_ids() -> list[int]:
@@ -211,7 +193,7 @@ def hijack_picture(picture: Any) -> None:
 
 
 def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str, str]:
-    images = state.pop("multimodal_images", None) or []
+    images = state.pop(MESSAGE_IMAGES, None) or []
     if images:
         tags = [image_to_history_tag(image, f"the {ordinal(i + 1)} image sent" if len(images) > 1 else "the image")
                 for i, image in enumerate(images)]
@@ -263,6 +245,11 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
     logger.info(f"Multimodal: embedded {stats.images} image(s) in {stats.seconds:.2f} s ({stats.from_cache} from cache)")
     device, dtype = loaded_model.placement()
     return prompt, ids.unsqueeze(0).to(device, torch.int64), embeds.unsqueeze(0).to(device, dtype)
+
+
+def image_tag_pattern():
+    """The history tag's regex (named groups `mime`, `data`), for hosts that render it as a picture."""
+    return IMAGE_TAG_RE
 
 
 def logits_processor_modifier(processor_list, input_ids):

@@ -4,9 +4,9 @@
 Gradio context. Two forms, chosen by what the host offers:
 - hosts with per-message extension inputs (this repository's: `shared.gradio['extension_inputs']`):
   a multi-file image input (upload, drag-and-drop, or paste anywhere on the page) and a preview of
-  the pending images in order. It is registered as `extension_inputs['multimodal_images']`: the
+  the pending images in order. It is registered as `extension_inputs['message_images']`: the
   host reads it when a message is sent, clears it in the same step, and passes the value on as
-  `state['multimodal_images']` = a list of image file paths in upload order (None when empty).
+  `state['message_images']` = a list of image file paths in upload order (None when empty).
   Pending images live in the browser session's component value, so sessions never share them.
 - text-generation-webui (no such registry): the original extension's single picture, a
   `gr.Image` whose upload calls `hijack_picture(picture)` (the extension's `input_hijack` then
@@ -23,7 +23,7 @@ import gradio as gr
 
 from modules import shared
 
-STATE_KEY = "multimodal_images"
+STATE_KEY = "message_images"  # the host hands the value to extensions as state["message_images"]
 EMBED_ALL_LABEL = "Embed all images, not only the last one"
 
 # Paste support: Gradio's file input takes uploads and drops, not clipboard pastes. A paste that

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API (`--api`): `server.py` builds the app and runs uvicorn in a thread.
 
 Layout: `config` (settings from the command line), `errors` (OpenAI's error shape), `schemas`
-(request validation), `image_fetch` (data URLs and remote URLs with server-side request forgery
-guards), `image_tags` (bytes -> `<img>` tag through the multimodal extension), `prompts` (messages
--> chat history), `generation` (running `generate_reply` off the event loop), `routes` (endpoints).
-Importing this package starts nothing.
+(request validation), `image_fetch` (data URLs and remote URLs -> bytes, with server-side request
+forgery guards), `messages` (messages -> earlier turns and the new user message, pictures as bytes),
+`generation` (the chat turn of `modules.chat`, run off the event loop), `responses` (OpenAI's
+response shapes), `routes` (endpoints). Importing this package starts nothing.
 """

@@ -1,5 +1,9 @@
-"""Running the host's blocking `generate_reply` for an async request, and turning replies into deltas.
+"""A request's generation: its state, its reply texts, and running it for an async request.
 
+A chat completion is the host's one chat turn (`chat.generate_chat_reply`), the UI's own, on a
+history built from the request's messages: every extension hook runs as in the UI, in
+text-generation-webui's order. It differs only where it must: no visible history is kept, the
+request's stops and limits apply, and the reply is the internal (model-side) text.
 `GenerationRun` iterates a reply generator in its own thread (so a request waiting for
 `shared.generation_lock` holds no event-loop time) and hands each cumulative reply to the event
 loop. Cancelling it - the client went away - makes the thread close the generator at the next
@@ -16,11 +20,10 @@ from starlette.requests import Request
 
 from modules import chat, shared
 from modules.api.errors import APIError
-from modules.api.prompts import ChatInput
+from modules.api.messages import ChatInput
 from modules.api.schemas import GenerationParams
-from modules.extensions import apply_extensions
 from modules.logging_colors import logger
-from modules.text_generation import generate_reply
+from modules.text_generation import generate_reply, get_custom_stopping_strings
 
 
 class ClientGone(Exception):
@@ -53,6 +56,9 @@ def build_state(params: GenerationParams) -> dict[str, Any]:
     args = params.logits_processor_args if params.logits_processor_args is not None else params.vllm_xargs
     if args is not None:
         state["logits_processor_args"] = args
+    stops = request_stops(params)
+    if stops:  # the request's stops join the settings' own, as text-generation-webui's API does
+        state["custom_stopping_strings"] = get_custom_stopping_strings(state) + stops
     return state
 
 
@@ -61,24 +67,20 @@ def request_stops(params: GenerationParams) -> list[str]:
     return [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
 
 
-def chat_replies(chat_in: ChatInput, state: dict, stops: list[str]) -> Iterator[str]:
-    """The chat path of `chatbot_wrapper` without the UI's visible history: cumulative reply texts."""
-    state["system_message"] = chat_in.system_message or state.get("system_message", "")
-    state.update(apply_extensions("state", state))  # keep one dict: the caller reads its generation_stats
-    text = chat_in.user_input
-    if not chat_in.continue_last:
-        text = apply_extensions("input", text, state, is_chat=True)
-    kwargs = {"_continue": chat_in.continue_last, "history": chat_in.history}
-    prompt = apply_extensions("custom_generate_chat_prompt", text, state, **kwargs)
-    if prompt is None:
-        prompt = chat.generate_chat_prompt(text, state, **kwargs)
-    stopping = chat.get_stopping_strings(state) + stops
-    for reply in generate_reply(prompt, state, stopping_strings=stopping, is_chat=True):
-        yield reply if chat_in.continue_last else reply.lstrip(" ")
+def chat_replies(chat_in: ChatInput, state: dict) -> Iterator[str]:
+    """The chat turn on the request's messages: cumulative texts of the new reply."""
+    if chat_in.system_message:
+        state["system_message"] = chat_in.system_message
+    state["history"] = chat.history_from_turns(chat_in.turns, state)
+    state[chat.MESSAGE_IMAGES] = list(chat_in.user_input.images) or None
+    before = chat_in.turns[-1][2] if chat_in.continue_last else ""
+    for history in chat.generate_chat_reply(chat_in.user_input.text, state, _continue=chat_in.continue_last,
+                                            loading_message=False):
+        yield history["internal"][-1][1][len(before):]
 
 
-def completion_replies(prompt: str, state: dict, stops: list[str]) -> Iterator[str]:
-    yield from generate_reply(prompt, state, stopping_strings=stops, is_chat=False)
+def completion_replies(prompt: str, state: dict) -> Iterator[str]:
+    yield from generate_reply(prompt, state, is_chat=False)
 
 
 class GenerationRun:
@@ -181,10 +183,11 @@ class DeltaTracker:
 
 
 def generation_error(error: Exception) -> APIError:
-    """Caller mistakes (ValueError, per the extension contract) -> 400; anything else -> 500."""
+    """Caller mistakes (ValueError, per the extension contract) -> 400 with the error's `code` when it
+    has one (an undecodable image: `invalid_image`); anything else -> 500."""
     if isinstance(error, APIError):
         return error
     if isinstance(error, ValueError):
-        return APIError(400, str(error), code="invalid_request")
+        return APIError(400, str(error), code=str(getattr(error, "code", None) or "invalid_request"))
     logger.error("API generation failed", exc_info=error)
     return APIError(500, f"Generation failed: {type(error).__name__}: {error}", code="generation_failed")

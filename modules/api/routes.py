@@ -15,11 +15,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modules import shared
-from modules.api import generation, prompts, responses
+from modules.api import generation, messages, responses
 from modules.api.config import APIConfig
 from modules.api.errors import APIError
 from modules.api.generation import ClientGone, DeltaTracker, GenerationRun
-from modules.api.image_tags import require_image_support_for
 from modules.api.schemas import ChatCompletionRequest, CompletionRequest, GenerationParams, parse_body
 from modules.logging_colors import logger
 
@@ -45,9 +44,8 @@ def build_router(config: APIConfig) -> APIRouter:
         params = parse_body(ChatCompletionRequest, await read_body(request, config.max_body_bytes))
         require_model()
         state = generation.build_state(params)
-        chat_in = await prompts.chat_input(params.messages, config)
-        stops = generation.request_stops(params)
-        return await respond(request, params, state, lambda: generation.chat_replies(chat_in, state, stops),
+        chat_in = await messages.chat_input(params.messages, config)
+        return await respond(request, params, state, lambda: generation.chat_replies(chat_in, state),
                              responses.Shape(chat=True), config)
 
     @router.post("/completions")
@@ -55,10 +53,8 @@ def build_router(config: APIConfig) -> APIRouter:
         params = parse_body(CompletionRequest, await read_body(request, config.max_body_bytes))
         require_model()
         prompt = single_prompt(params.prompt)
-        require_image_support_for(prompt)
         state = generation.build_state(params)
-        stops = generation.request_stops(params)
-        return await respond(request, params, state, lambda: generation.completion_replies(prompt, state, stops),
+        return await respond(request, params, state, lambda: generation.completion_replies(prompt, state),
                              responses.Shape(chat=False), config)
 
     return router

@@ -2,7 +2,7 @@
 
 Validation is strict (a string where a number belongs is refused rather than coerced) and runs on
 the raw JSON bytes. Unknown fields are ignored, as OpenAI clients send many we do not use
-(`frequency_penalty`, `logprobs`, `user`, ...). Message contents are checked by `prompts`, not here.
+(`frequency_penalty`, `logprobs`, `user`, ...). Message contents are checked by `messages`, not here.
 """
 from __future__ import annotations
 

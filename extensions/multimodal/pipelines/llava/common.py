@@ -5,26 +5,11 @@ read through `extensions/multimodal/loaded_model.py` (names every host has).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from extensions.multimodal import loaded_model
-
-# Keys this package reads from the extension's params, with text-generation-webui's defaults.
-# `vision_tower` / `projector_path` point original pipelines at local copies (offline use, tests).
-DEFAULT_PARAMS: dict[str, Any] = {
-    "vision_device": None,
-    "vision_bits": 32,
-    "projector_device": None,
-    "projector_bits": 32,
-    "vision_tower": None,
-    "projector_path": None,
-}
-
-
-def with_defaults(params: Optional[dict]) -> dict:
-    return {**DEFAULT_PARAMS, **(params or {})}
 
 
 def model_placement() -> tuple[torch.device, torch.dtype]:

@@ -16,6 +16,7 @@ from PIL import Image
 
 from extensions.multimodal import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+from extensions.multimodal.defaults import with_defaults
 from modules.logging_colors import logger
 
 from . import common
@@ -44,7 +45,7 @@ def count_by_expanding(processor, image_token_id: int, height: int, width: int) 
 
 class LlavaHfPipeline(AbstractMultimodalPipeline):
     def __init__(self, params: dict):
-        params = common.with_defaults(params)
+        params = with_defaults(params)
         model = loaded_model.require_model()
         if not is_llava_hf_model(model):
             raise ValueError(f"The 'llava-hf' pipeline needs a transformers LLaVA model "

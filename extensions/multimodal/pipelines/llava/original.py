@@ -13,6 +13,7 @@ from PIL import Image
 
 from extensions.multimodal import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+from extensions.multimodal.defaults import with_defaults
 from modules import shared
 from modules.logging_colors import logger
 
@@ -60,7 +61,7 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
     """One original LLaVA release; `spec` holds everything that differs between releases."""
 
     def __init__(self, spec: LlavaSpec, params: dict):
-        params = common.with_defaults(params)
+        params = with_defaults(params)
         self.spec = spec
         self.vision_device = common.device_or_model(params["vision_device"])
         self.vision_dtype = self._dtype_or_model("vision_bits", params)

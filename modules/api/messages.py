@@ -1,20 +1,23 @@
-"""OpenAI messages -> the host's chat input: a system message, [user, assistant] turns, the new user text.
+"""OpenAI messages -> the chat turn's input: a system message, the earlier turns, the new user message.
 
 A message's `content` is a string or a list of parts (`{"type": "text", "text": ...}`,
 `{"type": "image_url", "image_url": {"url": ...}}`); text-generation-webui's legacy message-level
-`"image_url"` field works too. Images become `<img>` tags (see `image_tags`), written where the
-part stands, one part per line. Consecutive messages of one role merge; a conversation ending with
+`"image_url"` field works too. A user message is its text parts, one per line, and its pictures'
+bytes (fetched or decoded here); the pictures then go the way the UI's uploads go
+(`state['message_images']`, taken by an extension's `chat_input_modifier`): where the text says
+`<image>`, else before the text. Consecutive messages of one role merge; a conversation ending with
 an assistant message asks the model to continue that message. Mistakes raise APIError(400).
+This module does not decode images or build prompts.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from modules.api.config import APIConfig
 from modules.api.errors import APIError
-from modules.api.image_tags import url_to_tag
+from modules.api.image_fetch import fetch_image_bytes
 
 SYSTEM_ROLES = ("system", "developer")
 ROLES = (*SYSTEM_ROLES, "user", "assistant")
@@ -29,15 +32,21 @@ Piece = str | ImageRef
 
 
 @dataclass
+class Message:
+    """A user or assistant message's text, and a user message's pictures (bytes, in order)."""
+    text: str = ""
+    images: list[bytes] = field(default_factory=list)
+
+    def merge(self, other: "Message") -> "Message":
+        return Message(f"{self.text}\n{other.text}", self.images + other.images)
+
+
+@dataclass
 class ChatInput:
     system_message: str
-    turns: list[list[str]]  # [[user, assistant], ...]: the history before the reply
-    user_input: str  # "" when continuing the last assistant message
+    turns: list[tuple[str, list[bytes], str]]  # (user text, its pictures, assistant text): before the reply
+    user_input: Message  # empty when continuing the last assistant message
     continue_last: bool
-
-    @property
-    def history(self) -> dict:
-        return {"internal": self.turns, "visible": [list(t) for t in self.turns]}
 
 
 async def chat_input(messages: list[dict[str, Any]], config: APIConfig) -> ChatInput:
@@ -46,11 +55,11 @@ async def chat_input(messages: list[dict[str, Any]], config: APIConfig) -> ChatI
     if len(refs) > config.max_images_per_request:
         raise APIError(400, f"The request holds {len(refs)} images; at most {config.max_images_per_request} are "
                             f"accepted in one request", param="messages", code="too_many_images")
-    tags = await asyncio.gather(*(url_to_tag(ref.url, config) for ref in refs)) if refs else []
-    tag_of = {id(ref): tag for ref, tag in zip(refs, tags)}
-    texts = [(role, "\n".join(tag_of[id(p)] if isinstance(p, ImageRef) else p for p in pieces))
-             for role, pieces in parsed]
-    return to_chat_input(texts)
+    data = await asyncio.gather(*(fetch_image_bytes(ref.url, config) for ref in refs)) if refs else []
+    data_of = {id(ref): d for ref, d in zip(refs, data)}
+    return to_chat_input([(role, Message("\n".join(p for p in pieces if isinstance(p, str)),
+                                         [data_of[id(p)] for p in pieces if isinstance(p, ImageRef)]))
+                          for role, pieces in parsed])
 
 
 def role_of(message: dict[str, Any], index: int) -> str:
@@ -108,22 +117,23 @@ def image_url_of(part: dict, where: str) -> str:
     return url
 
 
-def to_chat_input(texts: list[tuple[str, str]]) -> ChatInput:
-    system = "\n\n".join(text for role, text in texts if role in SYSTEM_ROLES and text)
-    turns: list[list[str]] = []
-    pending_user: str | None = None
-    for role, text in texts:
+def to_chat_input(messages: list[tuple[str, Message]]) -> ChatInput:
+    system = "\n\n".join(m.text for role, m in messages if role in SYSTEM_ROLES and m.text)
+    turns: list[list] = []  # [user Message, assistant text]
+    pending_user: Message | None = None
+    for role, message in messages:
         if role == "user":
-            pending_user = text if pending_user is None else f"{pending_user}\n{text}"
+            pending_user = message if pending_user is None else pending_user.merge(message)
         elif role == "assistant":
             if pending_user is None and turns:
-                turns[-1][1] = f"{turns[-1][1]}\n{text}"
+                turns[-1][1] = f"{turns[-1][1]}\n{message.text}"
             else:
-                turns.append([pending_user or "", text])
+                turns.append([pending_user or Message(), message.text])
                 pending_user = None
+    done = [(user.text, user.images, bot) for user, bot in turns]
     if pending_user is not None:
-        return ChatInput(system, turns, pending_user, continue_last=False)
+        return ChatInput(system, done, pending_user, continue_last=False)
     if not turns:
         raise APIError(400, "messages holds no user or assistant message: add {\"role\": \"user\", \"content\": ...}",
                        param="messages")
-    return ChatInput(system, turns, "", continue_last=True)
+    return ChatInput(system, done, Message(), continue_last=True)

@@ -1,0 +1,40 @@
+"""The extension's parameters and their defaults, written once.
+
+`script.params` starts as a copy of `DEFAULT_PARAMS`; the host then applies the `multimodal-<key>`
+settings to it. Pipelines and the embedder read params through `with_defaults`, so a caller that
+passes a partial dict (tests, third-party code) gets the same defaults. This module imports nothing.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    # the pipeline to use (the `multimodal-pipeline` setting; `--multimodal-pipeline` wins where the host has it)
+    "pipeline": None,
+    # embed every image in the prompt, not only the last one (older ones get placeholder rows)
+    "add_all_images_to_prompt": False,
+    # device to run the vision encoder on (None: the language model's device)
+    "vision_device": None,
+    # bits to load the vision encoder in: 32, 16 or 'bf16'
+    "vision_bits": 32,
+    # device to run the multimodal projector on
+    "projector_device": None,
+    # bits to load the projector in: 32, 16 or 'bf16'
+    "projector_bits": 32,
+    # images larger than this many pixels are rejected before they are decoded
+    "max_image_pixels": 40_000_000,
+    # the most images embedded in one prompt (None: only the pipeline's own limit)
+    "max_images_per_prompt": None,
+    # image embeddings kept between turns, in MiB (0 turns the cache off)
+    "embedding_cache_mb": 256,
+    # more folders holding pipeline modules, searched after extensions/multimodal/pipelines/
+    "pipeline_dirs": [],
+    # original LLaVA checkpoints: a local CLIP folder instead of the hub repo the release used
+    "vision_tower": None,
+    # original LLaVA checkpoints: a local mm_projector .bin/.safetensors instead of the model folder's
+    "projector_path": None,
+}
+
+
+def with_defaults(params: Optional[dict]) -> dict:
+    return {**DEFAULT_PARAMS, **(params or {})}
