@@ -231,7 +231,7 @@ def test_chat_image_reply_equals_hugging_face_generate(llava_api):
     data = api_helpers.image_bytes("green", "triangle")
     result = llava_api.client().chat.completions.create(messages=[image_message(data)], **GREEDY)
     tag = multimodal.image_bytes_to_tag(data)
-    picture = decode_image_bytes(base64.b64decode(IMAGE_TAG_RE.fullmatch(tag).group("data")))  # the JPEG the host keeps
+    picture = decode_image_bytes(base64.b64decode(IMAGE_TAG_RE.fullmatch(tag).group("data")))  # the PNG as sent
     state = host_helpers.greedy_state()
     prompt = chat.generate_chat_prompt("<image>\nWhat is in the picture?", state, history=chat.new_history())
     inputs = shared.processor(text=prompt, images=[picture], return_tensors="pt")
@@ -269,7 +269,7 @@ def test_completions_with_an_img_tag(llava_api):
     import extensions.multimodal.script as multimodal
 
     tag = multimodal.image_bytes_to_tag(api_helpers.image_bytes("red", "circle"))
-    assert re.fullmatch(r'<img src="data:image/jpeg;base64,[A-Za-z0-9+/=]+">', tag)
+    assert re.fullmatch(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]+">', tag)  # a PNG, kept as sent
     prompt = f"USER: {tag}\nWhat is in the picture?\nASSISTANT:"
     client = llava_api.client()
     result = client.completions.create(prompt=prompt, **GREEDY)

@@ -88,7 +88,7 @@ def test_an_uploaded_image_shows_in_the_history_and_a_reply_arrives(llava_server
     reply = wait_for_reply(page, 1)
     assert reply.strip() and "Generation failed" not in page.inner_text("#chat-history")
     user = page.locator("#chat-history .user").first
-    assert user.locator('img[src^="data:image/jpeg;base64,"]').count() == 1
+    assert user.locator('img[src^="data:image/png;base64,"]').count() == 1  # a PNG upload stays PNG
     assert user.text_content().strip() == "What is in the picture?"
     assert [close(c, RED) for c in page.evaluate(IMAGE_COLORS)] == [True]
     # The input cleared after sending: nothing pending, and the next message carries no image.

@@ -92,13 +92,13 @@ def test_odd_but_valid_uploads_are_answered(llava_ui, tmp_path, case):
     path.write_bytes(ODD_BUT_VALID[case]())
     html, after = send("What is this?", {"internal": [], "visible": []}, [str(path)])
     assert "Generation failed" not in html
-    assert after["internal"][-1][0].startswith('<img src="data:image/jpeg;base64,')
-    assert after["internal"][-1][1]
-    script = sys.modules["extensions.multimodal.script"]
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
+    from extensions.multimodal.image_codec import IMAGE_TAG_RE, decode_image_bytes, tag_b64_to_image
 
-    stored = tag_b64_to_image(IMAGE_TAG_RE.search(after["internal"][-1][0]).group("data"))
-    assert stored.mode == "RGB" and max(stored.size) <= script.history_max_side()
+    match = IMAGE_TAG_RE.match(after["internal"][-1][0])
+    assert match and after["internal"][-1][1]
+    stored = tag_b64_to_image(match.group("data"))
+    sent = decode_image_bytes(path.read_bytes())
+    assert stored.mode == "RGB" and stored.tobytes() == sent.tobytes(), "the model sees the pixels sent"
 
 
 def test_more_images_than_allowed_is_a_notice(llava_ui, tmp_path):

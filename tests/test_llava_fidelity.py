@@ -11,7 +11,7 @@ import importlib
 import pytest
 import torch
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE, image_to_tag, tag_b64_to_image
+from extensions.multimodal.image_codec import IMAGE_TAG_RE, store_image, tag_b64_to_image
 from modules import shared
 from modules.extensions import apply_extensions
 from modules.text_generation import decode, encode, generate_reply
@@ -37,7 +37,7 @@ def served(host, folder):
 
 def tagged(sizes):
     """(tags, the images decoded back from them)."""
-    tags = [image_to_tag(random_image(w, h, seed)) for seed, (w, h) in enumerate(sizes)]
+    tags = [store_image(random_image(w, h, seed)).tag for seed, (w, h) in enumerate(sizes)]
     return tags, [tag_b64_to_image(IMAGE_TAG_RE.search(tag).group("data")) for tag in tags]
 
 

@@ -247,7 +247,7 @@ def test_no_pick_for_a_plain_llama(host, llama_dir):
 
 def test_served_through_the_extension(host, llava_original_dirs):
     """No --multimodal-pipeline: picked from the folder name; the image rows are the reference's."""
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE, image_to_tag, tag_b64_to_image
+    from extensions.multimodal.image_codec import IMAGE_TAG_RE, store_image, tag_b64_to_image
     from modules.extensions import apply_extensions
     from modules.text_generation import encode, generate_reply
 
@@ -255,7 +255,7 @@ def test_served_through_the_extension(host, llava_original_dirs):
     host.load(model_dir, ["multimodal"])
     script = importlib.import_module("extensions.multimodal.script")
     assert script.multimodal_embedder is not None and script.multimodal_embedder.pipeline.name() == "llava-v1.5-7b"
-    tag = image_to_tag(IMAGES[0])
+    tag = store_image(IMAGES[0]).tag
     decoded = tag_b64_to_image(IMAGE_TAG_RE.search(tag).group("data"))
     prompt = f"USER: {tag}\nWhat is this?\nASSISTANT:"
     state = host.greedy_state(max_new_tokens=4, ban_eos_token=True)

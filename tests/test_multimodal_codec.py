@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from extensions.multimodal import image_codec
-from extensions.multimodal.image_codec import (IMAGE_TAG_RE, bytes_to_tag, cap_size, decode_image_bytes, image_to_tag,
-                                               ordinal, tag_b64_to_image)
+from extensions.multimodal.image_codec import (IMAGE_TAG_RE, cap_size, decode_image_bytes, ordinal, store_bytes,
+                                               store_image, tag_b64_to_image)
 from tests.multimodal_fake_pipeline import encoded, noise_image, solid_image, tag
 
 
@@ -20,17 +20,18 @@ def tag_bytes(tag_text: str) -> bytes:
     return base64.b64decode(match.group("data"))
 
 
-def test_tag_has_the_exact_form_and_real_jpeg_bytes():
-    text = image_to_tag(noise_image(0))
-    assert text.startswith('<img src="data:image/jpeg;base64,') and text.endswith('">')
-    data = tag_bytes(text)
-    assert data[:3] == b"\xff\xd8\xff", "JPEG magic bytes, not PNG under a jpeg label"
-    assert Image.open(BytesIO(data)).format == "JPEG"
+def test_tags_have_the_exact_form_and_the_label_matches_the_bytes():
+    jpeg, png = store_bytes(encoded(noise_image(0), "JPEG")).tag, store_image(noise_image(0)).tag
+    assert jpeg.startswith('<img src="data:image/jpeg;base64,') and jpeg.endswith('">')
+    assert tag_bytes(jpeg)[:3] == b"\xff\xd8\xff", "JPEG magic bytes under the jpeg label"
+    assert png.startswith('<img src="data:image/png;base64,') and tag_bytes(png)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_jpeg_round_trip_keeps_the_pixels_close():
+def test_the_jpeg_history_format_round_trip_keeps_the_pixels_close():
     image = Image.fromarray(np.tile(np.linspace(0, 255, 48, dtype=np.uint8), (32, 1))[..., None].repeat(3, 2), "RGB")
-    back = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_to_tag(image)).group("data"))
+    stored = store_image(image, "jpeg")
+    assert stored.changed and stored.mime == "image/jpeg"
+    back = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(stored.tag).group("data"))
     assert back.mode == "RGB" and back.size == image.size
     difference = np.abs(np.asarray(back, dtype=int) - np.asarray(image, dtype=int))
     assert difference.mean() < 3
@@ -79,12 +80,15 @@ def test_png_webp_and_gif_behind_the_jpeg_label_decode():
         assert image.mode == "RGB" and image.getpixel((3, 3))[2] > 200, fmt
 
 
-def test_bytes_to_tag_re_encodes_as_jpeg_and_caps_the_size_without_upscaling():
-    big = bytes_to_tag(encoded(noise_image(1, (200, 100)), "PNG"), max_side=64)
-    assert Image.open(BytesIO(tag_bytes(big))).size == (64, 32)
-    small = bytes_to_tag(encoded(noise_image(1, (20, 10)), "PNG"), max_side=64)
-    assert Image.open(BytesIO(tag_bytes(small))).size == (20, 10)
-    assert Image.open(BytesIO(tag_bytes(small))).format == "JPEG"
+def test_the_jpeg_history_format_re_encodes_and_caps_the_size_without_upscaling():
+    big = store_bytes(encoded(noise_image(1, (200, 100)), "PNG"), history_format="jpeg", max_side=64)
+    assert big.changed and Image.open(BytesIO(big.data)).size == (64, 32)
+    small = store_bytes(encoded(noise_image(1, (20, 10)), "PNG"), history_format="jpeg", max_side=64)
+    assert Image.open(BytesIO(small.data)).size == (20, 10) and Image.open(BytesIO(small.data)).format == "JPEG"
+    sent = encoded(noise_image(1, (20, 10)), "JPEG")
+    assert store_bytes(sent, history_format="jpeg", max_side=64) == store_bytes(sent), "a small JPEG stays as sent"
+    with pytest.raises(ValueError, match="history_image_format='webp'"):
+        store_bytes(sent, history_format="webp")
 
 
 def test_cap_size_keeps_thin_images_at_least_one_pixel():

@@ -125,12 +125,16 @@ def test_settings_override_params(host, llama_dir):
     assert script.multimodal_embedder.pipeline.batches == [2]
 
 
-def test_image_bytes_to_tag_caps_at_the_pipeline_size(host, llama_dir):
+def test_pictures_are_kept_exactly_unless_the_jpeg_history_format_caps_them(host, llama_dir):
+    sent = encoded(noise_image(1, (200, 100)), "PNG")
     script = load_multimodal(host, llama_dir)
-    text = script.image_bytes_to_tag(encoded(noise_image(1, (200, 100)), "PNG"))
-    data = base64.b64decode(script.IMAGE_TAG_RE.fullmatch(text).group("data"))
-    image = Image.open(BytesIO(data))
-    assert image.format == "JPEG" and image.size == (64, 32)
+    assert base64.b64decode(script.IMAGE_TAG_RE.fullmatch(script.image_bytes_to_tag(sent)).group("data")) == sent
+    script.params["history_image_format"] = "jpeg"
+    state = {}
+    text = script.history_tags([sent], state)[0]
+    image = Image.open(BytesIO(base64.b64decode(script.IMAGE_TAG_RE.fullmatch(text).group("data"))))
+    assert image.format == "JPEG" and image.size == (64, 32)  # the fake pipeline's preferred size
+    assert "1 picture(s) stored as JPEG" in state["notices"][0]
 
 
 def test_image_placeholders_in_the_text_take_the_images_in_order(host, llama_dir, tmp_path):

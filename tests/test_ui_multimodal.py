@@ -90,7 +90,7 @@ def test_images_attach_at_markers_then_before_the_text(llava, tmp_path):
     assert close(tag_color(tags[1]), (220, 20, 20)), "the first image takes the <image> marker"
     assert IMAGE_TAG_RE.sub("[IMG]", visible_user) == "[IMG]\nCompare [IMG] with that."
     assert tag_payloads(history["internal"][0][0]) == tags
-    assert display.count('<img src="data:image/jpeg;base64,') == 2 and reply
+    assert display.count('<img src="data:image/png;base64,') == 2 and reply  # PNG uploads stay PNG
     assert shared.generation_lock.locked() is False
 
 

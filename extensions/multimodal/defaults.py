@@ -21,6 +21,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "projector_device": None,
     # bits to load the projector in: 32, 16 or 'bf16'
     "projector_bits": 32,
+    # how the history stores pictures: "exact" (JPEG and PNG bytes as sent, others as lossless PNG: the model
+    # sees exactly the picture sent) or "jpeg" (re-encoded at quality 90, the longest side capped: small histories)
+    "history_image_format": "exact",
     # images larger than this many pixels are rejected before they are decoded
     "max_image_pixels": 40_000_000,
     # the most images embedded in one prompt (None: only the pipeline's own limit)

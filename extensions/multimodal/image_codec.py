@@ -6,7 +6,11 @@ in the chat), never from a copy.
 In: a base64 string found by `IMAGE_TAG_RE`, or raw bytes in any format Pillow reads (older
 histories hold PNG bytes under the jpeg label; the API hands over WebP, GIF, ...).
 Out: upright RGB images (alpha flattened onto white, EXIF orientation applied, first frame of an
-animation), and tags holding real JPEG bytes.
+animation): the pixels a pipeline gets, decoded once from the bytes the history stores.
+Storing (`store_bytes`, `store_image`): the model must see the picture that was sent, so a JPEG's
+bytes are kept as they came and a PNG's too; other formats (WebP, GIF, BMP, ...) and already decoded
+pictures are stored as a lossless PNG of their upright RGB pixels. Only the `jpeg` history format
+(a setting, for small histories) re-encodes, and says so (`Stored.changed`).
 Every failure to read an image is an `ImageDecodeError` (a `ValueError`) naming the image and the
 cause. This module knows nothing about prompts, tokens or pipelines.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from dataclasses import dataclass
 from io import BytesIO
 from typing import Optional
 
@@ -32,6 +37,11 @@ TAG_TEMPLATE = '<img src="data:{mime};base64,{data}">'
 DEFAULT_MAX_PIXELS = DEFAULT_PARAMS["max_image_pixels"]
 JPEG_QUALITY = 90
 WHITE = (255, 255, 255)
+# How pictures are stored in the history (the `history_image_format` param).
+EXACT, JPEG = "exact", "jpeg"
+HISTORY_FORMATS = (EXACT, JPEG)
+# Pillow formats whose bytes the history keeps as sent, with their tag's MIME type (MPO: a phone's JPEG).
+KEPT_FORMATS = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png"}
 # Bumped whenever decoding/normalising changes pixels: it is part of the embedding cache key.
 CODEC_VERSION = "1"
 EXIF_ORIENTATION = 0x0112
@@ -107,7 +117,11 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "
 
 def decode_image_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
     """Any Pillow format -> a loaded, upright RGB image (the first frame of an animation)."""
-    image = open_image(data, max_pixels, label)
+    return decode_opened(open_image(data, max_pixels, label), label)
+
+
+def decode_opened(image: Image.Image, label: str = "the image") -> Image.Image:
+    """An `open_image` result -> its loaded, upright RGB pixels."""
     try:
         image.load()
         return to_rgb(ImageOps.exif_transpose(image))
@@ -178,12 +192,49 @@ def image_to_jpeg_bytes(image: Image.Image, max_side: Optional[int] = None) -> b
     return buffer.getvalue()
 
 
-def image_to_tag(image: Image.Image, max_side: Optional[int] = None) -> str:
-    """A history tag holding real JPEG bytes of `image` (normalised, longest side capped at `max_side`)."""
-    return make_tag(image_to_jpeg_bytes(image, max_side))
+def image_to_png_bytes(image: Image.Image) -> bytes:
+    """A lossless PNG of the image's upright RGB pixels (what decoding it gives back, exactly)."""
+    buffer = BytesIO()
+    to_rgb(image).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
-def bytes_to_tag(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: Optional[int] = None,
-                 label: str = "the image") -> str:
-    """Bytes in any Pillow format -> a normalised JPEG tag; raises ImageDecodeError."""
-    return image_to_tag(decode_image_bytes(data, max_pixels, label), max_side)
+@dataclass(frozen=True)
+class Stored:
+    """A picture as the history keeps it."""
+    data: bytes
+    mime: str  # image/jpeg or image/png, as the bytes are
+    changed: bool  # its pixels differ from those sent (the `jpeg` history format re-encoded or shrank it)
+
+    @property
+    def tag(self) -> str:
+        return make_tag(self.data, self.mime)
+
+
+def check_history_format(history_format: str) -> str:
+    if history_format not in HISTORY_FORMATS:
+        raise ValueError(f"multimodal-history_image_format={history_format!r}: expected one of {', '.join(HISTORY_FORMATS)}")
+    return history_format
+
+
+def store_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image",
+                history_format: str = EXACT, max_side: Optional[int] = None) -> Stored:
+    """Bytes in any Pillow format -> what the history keeps. Decodes them once (a broken or oversized
+    picture raises ImageDecodeError now, not at generation time); `max_side` bounds the `jpeg` format."""
+    image = open_image(data, max_pixels, label)
+    pixels = decode_opened(image, label)
+    kept = KEPT_FORMATS.get(image.format)
+    if check_history_format(history_format) == JPEG:
+        if kept == "image/jpeg" and (max_side is None or max(pixels.size) <= max_side):
+            return Stored(data, kept, changed=False)
+        return Stored(image_to_jpeg_bytes(pixels, max_side), "image/jpeg", changed=True)
+    if kept is not None:
+        return Stored(data, kept, changed=False)
+    return Stored(image_to_png_bytes(pixels), "image/png", changed=False)
+
+
+def store_image(image: Image.Image, history_format: str = EXACT, max_side: Optional[int] = None) -> Stored:
+    """An already decoded picture (a UI's PIL image) -> what the history keeps: its pixels, losslessly."""
+    if check_history_format(history_format) == JPEG:
+        return Stored(image_to_jpeg_bytes(image, max_side), "image/jpeg", changed=True)
+    return Stored(image_to_png_bytes(image), "image/png", changed=False)

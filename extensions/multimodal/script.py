@@ -71,7 +71,8 @@ from PIL import Image  # noqa: E402
 from extensions.multimodal import loaded_model  # noqa: E402
 from extensions.multimodal.defaults import DEFAULT_PARAMS  # noqa: E402
 from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError,  # noqa: E402
-                                               bytes_to_tag, image_to_tag, ordinal)
+                                               Stored, check_history_format, ordinal, store_bytes,
+                                               store_image)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder  # noqa: E402
 from extensions.multimodal.native_media import MEDIA_MARKER, markers_to_tags  # noqa: E402
 from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
@@ -111,6 +112,7 @@ logits_processors = [PlaceholderBan] if PlaceholderBan is not None else []
 
 def setup() -> None:
     global multimodal_embedder
+    check_history_format(params["history_image_format"])
     multimodal_embedder = MultimodalEmbedder(params)
 
 
@@ -130,35 +132,54 @@ def embedder() -> MultimodalEmbedder:
 # -- Images into the chat ---------------------------------------------------------------------
 
 def history_max_side() -> int:
+    """The longest side the `jpeg` history format keeps: the pipeline's preference, else a default."""
     pipeline = multimodal_embedder.pipeline if multimodal_embedder is not None else None
     preferred = pipeline.preferred_image_size() if hasattr(pipeline, "preferred_image_size") else None
     return int(preferred) if preferred else DEFAULT_HISTORY_MAX_SIDE
 
 
-def image_bytes_to_tag(data: bytes, label: str = "the image") -> str:
-    """Bytes in any Pillow format -> `<img src="data:image/jpeg;base64,...">` holding a real JPEG.
+def store(picture: Any, label: str = "the image") -> Stored:
+    """A file path, bytes, a PIL image or a Gradio file dict -> what the history keeps of it.
 
-    Normalised (upright RGB, transparency on white) and capped at the active pipeline's preferred
-    size, never upscaled. Raises ImageDecodeError naming the cause.
+    Exactly the picture sent (JPEG and PNG bytes as they came, other formats as a lossless PNG),
+    unless the `history_image_format` param is `jpeg`. Raises ImageDecodeError naming the cause.
     """
-    max_pixels = int(params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)
-    return bytes_to_tag(data, max_pixels, history_max_side(), label)
-
-
-def image_to_history_tag(image: Any, label: str = "the image") -> str:
-    """A file path, bytes, a PIL image or a Gradio file dict -> a history tag."""
-    if isinstance(image, dict) and "path" in image:
-        image = image["path"]
-    if isinstance(image, Image.Image):
-        return image_to_tag(image, history_max_side())
-    if isinstance(image, (str, Path)):
+    history_format, max_side = params["history_image_format"], history_max_side()
+    if isinstance(picture, dict) and "path" in picture:
+        picture = picture["path"]
+    if isinstance(picture, Image.Image):
+        return store_image(picture, history_format, max_side)
+    if isinstance(picture, (str, Path)):
         try:
-            image = Path(image).read_bytes()
+            picture = Path(picture).read_bytes()
         except OSError as error:
-            raise ImageDecodeError(f"Cannot read {label} from {image}: {error}") from error
-    if isinstance(image, (bytes, bytearray)):
-        return image_bytes_to_tag(bytes(image), label)
-    raise ImageDecodeError(f"Cannot read {label}: expected a file path, bytes or a PIL image, got {type(image).__name__}")
+            raise ImageDecodeError(f"Cannot read {label} from {picture}: {error}") from error
+    if isinstance(picture, (bytes, bytearray)):
+        max_pixels = int(params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)
+        return store_bytes(bytes(picture), max_pixels, label, history_format, max_side)
+    raise ImageDecodeError(f"Cannot read {label}: expected a file path, bytes or a PIL image, got {type(picture).__name__}")
+
+
+def image_to_history_tag(picture: Any, label: str = "the image") -> str:
+    return store(picture, label).tag
+
+
+def image_bytes_to_tag(data: bytes, label: str = "the image") -> str:
+    """Image bytes -> the history's tag: `<img src="data:image/jpeg;base64,...">` for a JPEG,
+    `image/png` for anything else (stored losslessly)."""
+    return store(data, label).tag
+
+
+def history_tags(pictures: list, state: Optional[dict], label_of=lambda i, n: "the image") -> list[str]:
+    """The tags of `pictures`; when the `jpeg` history format changed any, `state['notices']` says so."""
+    stored = [store(picture, label_of(i, len(pictures))) for i, picture in enumerate(pictures)]
+    changed = sum(item.changed for item in stored)
+    if changed and state is not None:
+        message = (f"{changed} picture(s) stored as JPEG (at most {history_max_side()} px) because of "
+                   f"multimodal-history_image_format: jpeg; the model sees that JPEG, not the exact picture.")
+        logger.info(f"Multimodal: {message}")
+        state.setdefault("notices", []).append(message)
+    return [item.tag for item in stored]
 
 
 def add_images_to_message(tags: list[str], text: str, visible_text: str) -> tuple[str, str]:
@@ -195,8 +216,7 @@ def hijack_picture(picture: Any) -> None:
 def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str, str]:
     images = state.pop(MESSAGE_IMAGES, None) or []
     if images:
-        tags = [image_to_history_tag(image, f"the {ordinal(i + 1)} image sent" if len(images) > 1 else "the image")
-                for i, image in enumerate(images)]
+        tags = history_tags(images, state, lambda i, n: f"the {ordinal(i + 1)} image sent" if n > 1 else "the image")
         return add_images_to_message(tags, text, visible_text)
     if input_hijack["state"]:
         input_hijack["state"] = False
@@ -209,7 +229,7 @@ def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str,
 
 def media_to_tags(prompt: str, state: dict) -> str:
     """text-generation-webui's `<__media__>` markers -> the tags of the pictures `state` carries."""
-    prompt, missing = markers_to_tags(prompt, state, image_to_history_tag)
+    prompt, missing = markers_to_tags(prompt, state, lambda picture, label: history_tags([picture], state, lambda i, n: label)[0])
     if missing:
         message = (f"{missing} {MEDIA_MARKER} marker(s) in the prompt had no picture in the request "
                    f"and were left out.")
@@ -225,7 +245,7 @@ def stand_in_tag() -> str:
     """The tag of a blank picture, standing in for a `<__media__>` marker when a prompt is only measured
     (text-generation-webui measures prompts without their state, so the real picture is not known)."""
     if not _stand_in_tag:
-        _stand_in_tag.append(image_to_tag(Image.new("RGB", (history_max_side(),) * 2, (127, 127, 127))))
+        _stand_in_tag.append(store_image(Image.new("RGB", (history_max_side(),) * 2, (127, 127, 127))).tag)
     return _stand_in_tag[0]
 
 
