@@ -1,0 +1,211 @@
+"""The family core against Hugging Face's own `generate(**processor(...))`, per family.
+
+Each family's tiny checkpoint (tests/vlm_families.py) is loaded as a user's folder would be
+(`AutoModelForImageTextToText.from_pretrained`, `load_processor`). Our side builds the prompt the way
+the extension does: the chat template's text split at each image placeholder, each text part
+encoded on its own (special tokens, i.e. BOS, only on the first part, where the full encoding has
+them), each image replaced by `image_token_ids`; the model input comes from `image_features` and
+the family's route. The reference is `model.generate(**processor(text=chat_template(messages),
+images=...))`. Greedy, float32, CPU.
+
+Every scenario first shows that the picture matters (another picture of the same size changes the
+reference reply) and that no greedy step of the reference is a near-tie.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from PIL import Image
+
+from extensions.multimodal.pipelines.hf_auto import image_features as features_mod
+from extensions.multimodal.pipelines.hf_auto import routes
+from extensions.multimodal.pipelines.hf_auto.image_tokens import image_placeholder, process_images
+from extensions.multimodal.pipelines.hf_auto.processing import load_processor
+from tests import vlm_families
+
+NEW_TOKENS = 8
+MIN_GAP = 1e-3  # top-two logit gap below which a greedy step could flip on harmless float noise
+
+
+# -- Fixtures --------------------------------------------------------------------------------------
+
+@dataclass
+class Family:
+    name: str
+    model: object
+    processor: object
+    route: str
+
+
+@functools.cache
+def family(name: str, root: str) -> Family:
+    from transformers import AutoModelForImageTextToText
+
+    path = vlm_families.FAMILIES[name](f"{root}/{name}")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return Family(name, model, load_processor(path, use_torchvision=False), routes.route_for(model))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("vlm_families"))
+
+
+def picture(width: int, height: int, seed: int) -> Image.Image:
+    """A deterministic picture: random coloured blocks (about 8 pixels each), so features vary a lot."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (max(height // 8, 1), max(width // 8, 1), 3), generator=generator, dtype=torch.uint8)
+    return Image.fromarray(blocks.numpy()).resize((width, height), Image.NEAREST)
+
+
+def user(*parts) -> dict:
+    return {"role": "user", "content": [{"type": "image"} if isinstance(p, Image.Image) else {"type": "text", "text": p}
+                                        for p in parts]}
+
+
+def images_of(messages: list[dict], pictures: dict) -> list[Image.Image]:
+    return [p for m in messages for p in pictures.get(id(m), [])]
+
+
+# -- The two sides ---------------------------------------------------------------------------------
+
+def chat_text(fam: Family, messages: list[dict]) -> str:
+    return fam.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def reference(fam: Family, text: str, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hugging Face's prompt ids `(n,)`, greedy reply ids and per-step top-two logit gaps."""
+    inputs = fam.processor(text=text, images=images or None, return_tensors="pt")
+    out = fam.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    logits = torch.stack(out.logits)[:, 0]  # (steps, vocab)
+    top2 = logits.topk(2, dim=-1).values
+    prompt = inputs["input_ids"][0]
+    return prompt, out.sequences[0, prompt.numel():], top2[:, 0] - top2[:, 1]
+
+
+def prompt_ids(fam: Family, text: str, images: list[Image.Image]):
+    """The extension's way: split at placeholders, encode text parts alone, image ids in between."""
+    tokenizer = fam.processor.tokenizer
+    parts = text.split(image_placeholder(fam.processor))
+    assert len(parts) == len(images) + 1
+    processed = process_images(fam.processor, images) if images else None
+    tokens = processed.tokens if processed else []
+    # Plain text the processor writes around an image's special tokens goes with its neighbours.
+    texts = [(tokens[i - 1].after if i else "") + part + (tokens[i].before if i < len(tokens) else "")
+             for i, part in enumerate(parts)]
+    pieces = [tokenizer(texts[0], add_special_tokens=True, return_tensors="pt")["input_ids"][0]]
+    for image, part in zip(tokens, texts[1:]):
+        pieces += [image.ids, tokenizer(part, add_special_tokens=False, return_tensors="pt")["input_ids"][0]]
+    return torch.cat(pieces), processed
+
+
+@dataclass
+class Conversation:
+    """Our side of a chat: optionally a prefix KV cache kept from the previous turn, as the host does."""
+    fam: Family
+    use_cache: bool
+    cache: object = None
+    cached_embeds: torch.Tensor | None = None  # (tokens, hidden) the cache's rows stand for
+    reused: list[int] = field(default_factory=list)
+
+    def reply(self, text: str, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+        fam = self.fam
+        ids, processed = prompt_ids(fam, text, images)
+        ids = ids[None]
+        rows, deepstack = features_mod.features_of(fam.model, processed) if processed else ([], None)
+        embeds = routes.stitch(fam.model, ids, rows)
+        grids = processed.inputs.get("image_grid_thw") if processed else None
+        cache, cached_length = self.reusable(embeds[0])
+        if fam.route == routes.EMBEDS:
+            kwargs = routes.embeds_kwargs(embeds)
+        elif fam.route == routes.EMBEDS_MROPE:
+            kwargs = routes.mrope_kwargs(fam.model, ids, embeds, grids)
+        else:
+            kwargs = routes.features_kwargs(fam.model, ids, rows, deepstack=deepstack, image_grid_thw=grids,
+                                            cached_length=cached_length)
+        if self.use_cache:
+            kwargs["past_key_values"] = cache if cache is not None else routes.prefix_cache(fam.model)
+        out = fam.model.generate(**kwargs, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+        new = out.sequences[0, ids.shape[1]:] if "input_ids" in kwargs else out.sequences[0]
+        if self.use_cache:
+            self.remember(embeds[0], new, out.past_key_values)
+        return ids[0], new
+
+    def reusable(self, embeds: torch.Tensor):
+        """The kept cache cropped to the rows shared with this prompt (at least one row left to prefill)."""
+        if not self.use_cache or self.cache is None:
+            return None, 0
+        n = min(embeds.shape[0] - 1, self.cache.get_seq_length())
+        same = (embeds[:n] == self.cached_embeds[:n]).all(-1)
+        usable = n if bool(same.all()) else int((~same).nonzero()[0, 0])
+        self.reused.append(usable)
+        if usable == 0:
+            return None, 0
+        self.cache.crop(usable - self.cache.get_seq_length())  # crop takes a negative count to drop
+        return self.cache, usable
+
+    def remember(self, prompt_embeds: torch.Tensor, new: torch.Tensor, cache) -> None:
+        with torch.inference_mode():
+            reply_embeds = self.fam.model.get_input_embeddings()(new[None])[0]
+        self.cached_embeds = torch.cat([prompt_embeds, reply_embeds])
+        self.cache = cache
+
+
+# -- Checks ----------------------------------------------------------------------------------------
+
+def check_turn(fam: Family, conversation: Conversation, messages: list[dict], images: list[Image.Image],
+               other_images: list[Image.Image]) -> torch.Tensor:
+    """One turn: the picture matters, no near-tie, same ids and same reply as Hugging Face."""
+    text = chat_text(fam, messages)
+    ref_ids, ref_new, gaps = reference(fam, text, images)
+    _, other_new, _ = reference(fam, text, other_images)
+    assert not torch.equal(ref_new, other_new), f"{fam.name}: another picture gives the same reply"
+    assert float(gaps.min()) > MIN_GAP, f"{fam.name}: a greedy step is a near-tie (gaps {gaps.tolist()})"
+    ids, new = conversation.reply(text, images)
+    assert torch.equal(ids, ref_ids), f"{fam.name}: prompt ids differ from the processor's"
+    assert torch.equal(new, ref_new), f"{fam.name}: reply {new.tolist()} != Hugging Face's {ref_new.tolist()}"
+    return new
+
+
+FAMILY_NAMES = list(vlm_families.FAMILIES)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_one_image(name, root):
+    fam = family(name, root)
+    image, other = picture(64, 48, seed=1), picture(64, 48, seed=2)
+    check_turn(fam, Conversation(fam, use_cache=False), [user(image, "What is in the picture?")], [image], [other])
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_two_images_of_different_sizes(name, root):
+    fam = family(name, root)
+    first, second = picture(64, 48, seed=3), picture(40, 72, seed=4)
+    other = picture(40, 72, seed=5)
+    messages = [user(first, second, "Which image is larger?")]
+    check_turn(fam, Conversation(fam, use_cache=False), messages, [first, second], [first, other])
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "prefix-cache"])
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_three_turns_new_image_on_turn_three(name, use_cache, root):
+    """Turn 1 has a picture, turn 2 none, turn 3 a new one; every picture is embedded each turn."""
+    fam = family(name, root)
+    first, third = picture(64, 48, seed=6), picture(48, 48, seed=7)
+    other = picture(48, 48, seed=8)
+    conversation = Conversation(fam, use_cache=use_cache)
+    turns = [(user(first, "What is in the picture?"), [first], [picture(64, 48, seed=9)]),
+             (user("And the colours?"), [first], [picture(64, 48, seed=9)]),
+             (user(third, "Describe this one."), [first, third], [first, other])]
+    messages: list[dict] = []
+    for message, images, other_images in turns:
+        messages.append(message)
+        new = check_turn(fam, conversation, messages, images, other_images)
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": fam.processor.decode(
+            new, skip_special_tokens=True)}]})
+    if use_cache:
+        assert all(n > 0 for n in conversation.reused), f"{fam.name}: the cache was not reused ({conversation.reused})"
