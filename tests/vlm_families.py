@@ -106,6 +106,8 @@ def lecun_init(model: nn.Module, seed: int, embedding_std: float = EMBEDDING_STD
             param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[-1]))
         elif name.endswith("mm_input_projection_weight"):  # Gemma 3: x @ W, zeros as built
             param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[0]))
+        elif name.endswith(("_gate", ".gate", "gate_attn", "gate_ffn")) and param.numel() == 1:
+            param.fill_(1.0)  # Mllama's tanh gates: zero as built, which shuts the image out entirely
     return model
 
 
@@ -405,6 +407,28 @@ def build_aya_vision(path: Path, seed: int = 0) -> Path:
     return save(path, AyaVisionForConditionalGeneration, config, processor, seed)
 
 
+def build_mllama(path: Path, seed: int = 0) -> Path:
+    """Mllama: one <|image|> token per image in the prompt; the image (up to 4 tiles of 32 pixels) enters
+    through cross-attention layers (layer 1 of 3 here)."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaImageProcessorPil
+
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|start_header_id|>",
+                "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>", "<|image|>"]
+    tokenizer = build_tokenizer(specials, bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
+                                add_bos=True, chat_template=MLLAMA_TEMPLATE)
+    config = MllamaConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1,
+                           attention_heads=2, image_size=32, patch_size=8, max_num_tiles=4,
+                           intermediate_layers_indices=[0], vision_output_dim=64,
+                           supported_aspect_ratios=[[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]),
+        text_config=text_config(tokenizer, num_hidden_layers=3, cross_attention_layers=[1]),
+        image_token_index=token_id(tokenizer, "<|image|>"))
+    image_processor = MllamaImageProcessorPil(size={"height": 32, "width": 32}, max_image_tiles=4)
+    processor = build_processor("MllamaProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                chat_template=MLLAMA_TEMPLATE)
+    return save(path, MllamaForConditionalGeneration, config, processor, seed)
+
+
 def build_llava(path: Path, seed: int = 0) -> Path:
     return relaxed(tiny_models.build_llava(path, seed), seed)
 
@@ -444,4 +468,5 @@ FAMILIES: dict[str, Callable[[Path], Path]] = {
     "llava_onevision": functools.partial(build_llava_onevision, seed=1),
     "aya_vision": functools.partial(build_aya_vision, seed=1),
     "qwen3_vl": functools.partial(build_qwen3_vl, seed=1),
+    "mllama": functools.partial(build_mllama, seed=3),
 }

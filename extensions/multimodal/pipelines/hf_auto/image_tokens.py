@@ -78,14 +78,15 @@ def process_images(processor, images: Sequence[Image.Image]) -> ProcessedImages:
     inputs = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False,
                        return_text_replacement_offsets=True)
     replacements = inputs.pop("text_replacement_offsets", None)
+    pattern = added_tokens_pattern(processor.tokenizer)
     if replacements is None:  # the processor keeps its placeholder as is (Mllama: one <|image|> per image)
-        strings = [image_placeholder(processor)] * len(images)
+        tokens = [split_replacement(processor.tokenizer, image_placeholder(processor), pattern)] * len(images)
     else:
         strings = [entry["replacement"] for entry in replacements[0] if entry["type"] == "image"]
-    pattern = added_tokens_pattern(processor.tokenizer)
-    tokens = [split_replacement(processor.tokenizer, string, pattern) for string in strings]
+        tokens = [split_replacement(processor.tokenizer, string, pattern) for string in strings]
     joined = torch.cat([t.ids for t in tokens])
-    if not any(t.before or t.after for t in tokens) and not torch.equal(joined, inputs["input_ids"][0]):
+    if (replacements is not None and not any(t.before or t.after for t in tokens)
+            and not torch.equal(joined, inputs["input_ids"][0])):
         raise AssertionError(f"{type(processor).__name__}: image ids tokenized one by one differ from the "
                              f"processor's own ({joined.numel()} vs {inputs['input_ids'].shape[-1]} ids)")
     for key in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"):

@@ -15,7 +15,7 @@ Routes (measured against `generate(**processor(...))`, tests/test_vlm_families_c
   attend to each other both ways); Qwen3-VL the same `position_ids` as Qwen2.5-VL and its DeepStack
   rows inside the features. Gemma 3 needs this route: its `prepare_inputs_for_generation` does not
   take `inputs_embeds`.
-- Mllama is cross-attention, not rows in the prompt: no route here (see the report in the tests).
+- "cross-attention": Mllama; images are not rows of the prompt (see `cross_attention.py`).
 
 Prefix cache: every tensor here covers the full prompt; `generate` slices what the cache already
 holds (`next_sequence_length`). That is exactly right for "embeds" and for the position ids (the
@@ -42,12 +42,14 @@ from .image_tokens import image_token_id
 EMBEDS = "embeds"
 EMBEDS_MROPE = "embeds+mrope"
 IDS_FEATURES = "ids+features"
+CROSS_ATTENTION = "cross-attention"
 
 ROUTES = {
     "llava": EMBEDS, "llava_next": EMBEDS, "llava_onevision": EMBEDS, "mistral3": EMBEDS, "idefics3": EMBEDS,
     "smolvlm": EMBEDS, "internvl": EMBEDS, "aya_vision": EMBEDS,
     "qwen2_vl": EMBEDS_MROPE, "qwen2_5_vl": EMBEDS_MROPE,
     "gemma3": IDS_FEATURES, "qwen3_vl": IDS_FEATURES,
+    "mllama": CROSS_ATTENTION,
 }
 # Families whose language model needs 3-D rotary positions from get_rope_index.
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -56,9 +58,7 @@ MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 def route_for(model) -> str:
     model_type = model.config.model_type
     if model_type not in ROUTES:
-        raise ValueError(f"No image route for model type {model_type!r}; known: {', '.join(sorted(ROUTES))}"
-                         + (" (Mllama takes images through cross-attention, not as prompt rows)"
-                            if model_type == "mllama" else ""))
+        raise ValueError(f"No image route for model type {model_type!r}; known: {', '.join(sorted(ROUTES))}")
     return ROUTES[model_type]
 
 
