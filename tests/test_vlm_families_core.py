@@ -22,7 +22,9 @@ from PIL import Image
 
 from extensions.multimodal.pipelines.hf_auto import cross_attention, routes
 from extensions.multimodal.pipelines.hf_auto import image_features as features_mod
-from extensions.multimodal.pipelines.hf_auto.image_tokens import image_placeholder, process_images
+from extensions.multimodal.pipelines.hf_auto.image_features import image_features
+from extensions.multimodal.pipelines.hf_auto.image_tokens import (image_placeholder, image_token_id, image_token_ids,
+                                                                  process_images)
 from extensions.multimodal.pipelines.hf_auto.processing import load_processor
 from tests import vlm_families
 
@@ -87,8 +89,12 @@ def reference(fam: Family, text: str, images: list[Image.Image]) -> tuple[torch.
     return prompt, out.sequences[0, prompt.numel():], top2[:, 0] - top2[:, 1]
 
 
-def prompt_ids(fam: Family, text: str, images: list[Image.Image]):
-    """The extension's way: split at placeholders, encode text parts alone, image ids in between."""
+def prompt_ids(fam: Family, text: str, images: list[Image.Image], add_special_tokens: bool = True):
+    """The extension's way: split at placeholders, encode text parts alone, image ids in between.
+
+    `add_special_tokens`: whether the first part gets the tokenizer's special tokens (its BOS), as
+    `processor(text=...)` does; `apply_chat_template(tokenize=True)` does not (the template writes BOS).
+    """
     tokenizer = fam.processor.tokenizer
     parts = text.split(image_placeholder(fam.processor))
     assert len(parts) == len(images) + 1
@@ -97,7 +103,7 @@ def prompt_ids(fam: Family, text: str, images: list[Image.Image]):
     # Plain text the processor writes around an image's special tokens goes with its neighbours.
     texts = [(tokens[i - 1].after if i else "") + part + (tokens[i].before if i < len(tokens) else "")
              for i, part in enumerate(parts)]
-    pieces = [tokenizer(texts[0], add_special_tokens=True, return_tensors="pt")["input_ids"][0]]
+    pieces = [tokenizer(texts[0], add_special_tokens=add_special_tokens, return_tensors="pt")["input_ids"][0]]
     for image, part in zip(tokens, texts[1:]):
         pieces += [image.ids, tokenizer(part, add_special_tokens=False, return_tensors="pt")["input_ids"][0]]
     return torch.cat(pieces), processed
@@ -110,20 +116,24 @@ class Conversation:
     use_cache: bool
     cache: object = None
     cached_embeds: torch.Tensor | None = None  # (tokens, hidden) the cache's rows stand for
+    cached_ids: torch.Tensor | None = None  # (tokens,) the ids they stand for (Mllama compares these)
+    cached_images: list[bytes] = field(default_factory=list)  # Mllama: whose states its cross-attention holds
     reused: list[int] = field(default_factory=list)
 
-    def reply(self, text: str, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+    def reply(self, text: str, images: list[Image.Image], add_special_tokens: bool = True):
+        """Prompt ids `(n,)` and greedy reply ids for the chat template's `text` and its images."""
         fam = self.fam
-        ids, processed = prompt_ids(fam, text, images)
+        ids, processed = prompt_ids(fam, text, images, add_special_tokens)
         ids = ids[None]
         if fam.route == routes.CROSS_ATTENTION:
-            kwargs, embeds = self.cross_attention_kwargs(ids, processed), None
+            kwargs, embeds = self.cross_attention_kwargs(ids, processed, images), None
         else:
             kwargs, embeds = self.row_kwargs(ids, processed)
         out = fam.model.generate(**kwargs, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
         new = out.sequences[0, ids.shape[1]:] if "input_ids" in kwargs else out.sequences[0]
         if self.use_cache:
-            self.remember(embeds[0], new, out.past_key_values)
+            self.remember(embeds[0] if embeds is not None else None, new, out.past_key_values)
+            self.cached_ids = torch.cat([ids[0], new])
         return ids[0], new
 
     def row_kwargs(self, ids: torch.Tensor, processed) -> tuple[dict, torch.Tensor]:
@@ -144,12 +154,21 @@ class Conversation:
             kwargs["past_key_values"] = cache if cache is not None else routes.prefix_cache(fam.model)
         return kwargs, embeds
 
-    def cross_attention_kwargs(self, ids: torch.Tensor, processed) -> dict:
-        assert not self.use_cache, "no prefix cache for the cross-attention route"
+    def cross_attention_kwargs(self, ids: torch.Tensor, processed, images: list[Image.Image]) -> dict:
+        """Mllama: the prefix is shared ids; its cross-attention keys are kept while the images are the same."""
         model = self.fam.model
-        states = cross_attention.cross_attention_states(model, processed)
-        return cross_attention.cross_attention_kwargs(model, ids, states, cross_attention.tiles_per_image(processed),
-                                                      model.config.vision_config.max_num_tiles)
+        states = cross_attention.cross_attention_states(model, processed) if processed else []
+        tiles = cross_attention.tiles_per_image(processed) if processed else []
+        cache, cached_length, same_images = None, 0, False
+        if self.use_cache and self.cache is not None:
+            n = min(ids.shape[1] - 1, self.cache.get_seq_length())
+            same = ids[0, :n] == self.cached_ids[:n]
+            cached_length = n if bool(same.all()) else int((~same).nonzero()[0, 0])
+            cache, same_images = self.cache, [i.tobytes() for i in images] == self.cached_images
+            self.reused.append(cached_length)
+        self.cached_images = [i.tobytes() for i in images]
+        return cross_attention.cross_attention_kwargs(model, ids, states, tiles, model.config.vision_config.max_num_tiles,
+                                                      cache, cached_length, same_images)
 
     def reusable(self, embeds: torch.Tensor):
         """The kept cache cropped to the rows shared with this prompt (at least one row left to prefill)."""
@@ -164,11 +183,13 @@ class Conversation:
         self.cache.crop(usable - self.cache.get_seq_length())  # crop takes a negative count to drop
         return self.cache, usable
 
-    def remember(self, prompt_embeds: torch.Tensor, new: torch.Tensor, cache) -> None:
+    def remember(self, prompt_embeds: torch.Tensor | None, new: torch.Tensor, cache) -> None:
+        self.cache = cache
+        if prompt_embeds is None:
+            return
         with torch.inference_mode():
             reply_embeds = self.fam.model.get_input_embeddings()(new[None])[0]
         self.cached_embeds = torch.cat([prompt_embeds, reply_embeds])
-        self.cache = cache
 
 
 # -- Checks ----------------------------------------------------------------------------------------
@@ -211,8 +232,6 @@ def test_two_images_of_different_sizes(name, root):
 def test_three_turns_new_image_on_turn_three(name, use_cache, root):
     """Turn 1 has a picture, turn 2 none, turn 3 a new one; every picture is embedded each turn."""
     fam = family(name, root)
-    if use_cache and fam.route == routes.CROSS_ATTENTION:
-        pytest.skip("Mllama: no prefix cache (cropping would cut the cross-attention layers' vision keys)")
     first, third = picture(64, 48, seed=6), picture(48, 48, seed=7)
     other = picture(48, 48, seed=8)
     conversation = Conversation(fam, use_cache=use_cache)
@@ -227,3 +246,63 @@ def test_three_turns_new_image_on_turn_three(name, use_cache, root):
             new, skip_special_tokens=True)}]})
     if use_cache:
         assert all(n > 0 for n in conversation.reused), f"{fam.name}: the cache was not reused ({conversation.reused})"
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_public_functions_agree_with_one_processor_run(name, root):
+    """`image_token_ids` and `image_features` (each runs the processor) give what one `process_images` run gives."""
+    fam = family(name, root)
+    images = [picture(64, 48, seed=1), picture(40, 72, seed=2)]
+    processed = process_images(fam.processor, images)
+    ids = image_token_ids(fam.processor, images)
+    assert [t.ids.tolist() for t in ids] == [t.ids.tolist() for t in processed.tokens]
+    if fam.route == routes.CROSS_ATTENTION:
+        return
+    rows = image_features(fam.model, fam.processor, images)
+    assert [r.shape for r in rows] == [(int((t.ids == image_token_id(fam.model)).sum()), r.shape[-1])
+                                       for t, r in zip(ids, rows)]
+    assert all(torch.equal(a, b) for a, b in zip(rows, features_mod.features_of(fam.model, processed)[0]))
+
+
+def test_row_count_mismatch_names_both_counts(root):
+    fam = family("qwen2_5_vl", root)
+    ids, processed = prompt_ids(fam, chat_text(fam, [user(picture(64, 48, seed=1), "Hi")]), [picture(64, 48, seed=1)])
+    rows, _ = features_mod.features_of(fam.model, processed)
+    with pytest.raises(ValueError, match=r"tokens 12, feature rows 11"):
+        routes.stitch(fam.model, ids[None], [rows[0][:-1]])
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_one_image_against_apply_chat_template(name, root):
+    """The other Hugging Face convention: `apply_chat_template(tokenize=True)` adds no special tokens when
+    the rendered text starts with BOS, so a template that writes BOS gets one, where
+    `processor(text=template text)` gets two (Gemma 3, Mistral3, Idefics3, Aya Vision, Mllama). The
+    same rule on the first text part matches it."""
+    fam = family(name, root)
+    image = picture(64, 48, seed=1)
+    messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                             {"type": "text", "text": "What is in the picture?"}]}]
+    inputs = fam.processor.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt",
+                                               add_generation_prompt=True)
+    ref = fam.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    text, bos = chat_text(fam, messages), fam.processor.tokenizer.bos_token
+    starts_with_bos = bos is not None and text.startswith(bos)
+    ids, new = Conversation(fam, use_cache=False).reply(text, [image], add_special_tokens=not starts_with_bos)
+    assert torch.equal(ids, inputs["input_ids"][0]) and torch.equal(new, ref)
+
+
+def test_gemma3_text_around_the_image_goes_with_its_neighbours(root):
+    """Gemma 3 writes "\\n\\n" around an image; encoded apart from the template's own "\\n" it splits
+    differently (here "\\n" + "\\n\\n" against the processor's "\\n\\n" + "\\n"), so it must join the text parts."""
+    fam = family("gemma3", root)
+    image = picture(64, 48, seed=1)
+    text = chat_text(fam, [user(image, "What is in the picture?")])
+    reference_ids = fam.processor(text=text, images=[image], return_tensors="pt")["input_ids"][0]
+    tokens = process_images(fam.processor, [image]).tokens[0]
+    assert tokens.before == tokens.after == "\n\n"
+    before, after = text.split(image_placeholder(fam.processor))
+    encode = functools.partial(fam.processor.tokenizer, return_tensors="pt")
+    naive = torch.cat([encode(before)["input_ids"][0], encode(tokens.before, add_special_tokens=False)["input_ids"][0],
+                       tokens.ids, encode(tokens.after + after, add_special_tokens=False)["input_ids"][0]])
+    assert not torch.equal(naive, reference_ids)
+    assert torch.equal(prompt_ids(fam, text, [image])[0], reference_ids)

@@ -10,9 +10,11 @@ count doubles and the mask no longer fits). So the route here prefills all but t
 token with one forward pass given the states, and `generate` continues from that cache: the
 cross-attention layers then read their keys and values from the cache only.
 
-Not covered: a prefix cache across turns. `DynamicCache.crop` would cut the cross-attention
-layers' vision keys as if they were tokens; reuse needs cropping the self-attention layers only and
-re-filling the cross-attention layers when an image is added.
+Prefix cache: `DynamicCache.crop` would cut the cross-attention layers' vision keys as if they were
+tokens, so `reuse_cache` crops the self-attention layers only. The cross-attention layers keep their
+keys while the prompt's images are the same ones, in the same order; otherwise they are emptied and
+refilled with every image's states (a token's cross-attention only sees images before it, so the
+cached self-attention states of the shared prefix stay valid when an image is added later).
 """
 from __future__ import annotations
 
@@ -51,14 +53,37 @@ def cross_attention_mask(model, input_ids: torch.Tensor, tiles: list[int], max_t
 
 
 def cross_attention_kwargs(model, input_ids: torch.Tensor, states: list[torch.Tensor], tiles: list[int],
-                           max_tiles: int) -> dict:
-    """`generate()` kwargs with a cache prefilled on all but the last prompt token (see the module docstring)."""
+                           max_tiles: int, cache: DynamicCache | None = None, cached_length: int = 0,
+                           same_images: bool = False) -> dict:
+    """`generate()` kwargs with a cache prefilled on all but the last prompt token (see the module docstring).
+
+    `cache`, `cached_length`: a previous turn's cache whose first `cached_length` tokens equal this
+    prompt's; `same_images`: its cross-attention layers hold exactly `states` (same images, same order).
+    """
     mask = cross_attention_mask(model, input_ids, tiles, max_tiles)
     attention_mask = torch.ones_like(input_ids)
-    cache = DynamicCache(config=model.config)
+    if cache is None:
+        cache, cached_length, same_images = DynamicCache(config=model.config), 0, False
+    if not same_images:  # the new states go in with a forward pass: keep at least one token to run it on
+        cached_length = min(cached_length, input_ids.shape[1] - 2)
+    reuse_cache(model, cache, cached_length, keep_vision=same_images)
+    fresh_states = torch.cat(states)[None] if states and not same_images else None
     with torch.inference_mode():
-        model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-              cross_attention_mask=mask[:, :-1], cross_attention_states=torch.cat(states)[None],
-              past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if input_ids.shape[1] - 1 > cached_length:
+            model(input_ids=input_ids[:, cached_length:-1], attention_mask=attention_mask[:, :-1],
+                  cross_attention_mask=mask[:, cached_length:-1], cross_attention_states=fresh_states,
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "cross_attention_mask": mask,
             "past_key_values": cache}
+
+
+def reuse_cache(model, cache: DynamicCache, cached_length: int, keep_vision: bool) -> None:
+    """Crop the self-attention layers to `cached_length` tokens; empty the cross-attention ones unless kept."""
+    cross_layers = set(model.config.get_text_config().cross_attention_layers)
+    for index, layer in enumerate(cache.layers):
+        if not layer.is_initialized:
+            continue
+        if index not in cross_layers:
+            layer.crop(cached_length - layer.get_seq_length())
+        elif not keep_vision:
+            layer.crop(-layer.keys.shape[-2])

@@ -6,9 +6,10 @@ token, everything the processor writes for it. Nothing here resizes or counts by
 processor is run on placeholder text and its own replacement text is tokenized.
 
 Tokens per image vary with the image in most families (Qwen's dynamic resolution, Pixtral's rows,
-Idefics3/SmolVLM splitting, InternVL/Aya tiles, LLaVA-NeXT/OneVision anyres) and, for
-LLaVA-OneVision, with the number of images in the prompt (several images: base features only).
-So ids are computed for the images of one prompt together (`process_images`).
+Idefics3/SmolVLM splitting, InternVL/Aya tiles, LLaVA-NeXT/OneVision anyres). The images of one
+prompt go to the processor together, as a flat list, the way `processor(text=prompt, images=[...])`
+is called: LLaVA-OneVision then lays out each image on its own (anyres); its multi-image layout
+(base tile + newline only) applies to nested `images=[[a, b]]`, which nothing here uses.
 
 Text the processor writes around an image's special tokens (Gemma 3: "\\n\\n" on each side) is
 kept apart as `before` / `after`: tokenized on its own it can split differently from the
@@ -68,12 +69,11 @@ def image_token_id(model) -> int:
 def process_images(processor, images: Sequence[Image.Image]) -> ProcessedImages:
     """Run the processor once on the images of one prompt; their tensors and their ids.
 
-    The processor sees one prompt holding exactly these images, one placeholder each, so per-prompt
-    rules apply as they would to the full prompt (LLaVA-OneVision's multi-image layout).
+    Images go in as given (the processor converts modes itself), one placeholder each.
     """
     if not images:
         raise ValueError("process_images needs at least one image, got 0")
-    images = [image.convert("RGB") for image in images]
+    images = list(images)
     text = image_placeholder(processor) * len(images)
     inputs = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False,
                        return_text_replacement_offsets=True)
