@@ -114,6 +114,7 @@ class Conversation:
     """Our side of a chat: optionally a prefix KV cache kept from the previous turn, as the host does."""
     fam: Family
     use_cache: bool
+    route: str | None = None  # None: the family's own route
     cache: object = None
     cached_embeds: torch.Tensor | None = None  # (tokens, hidden) the cache's rows stand for
     cached_ids: torch.Tensor | None = None  # (tokens,) the ids they stand for (Mllama compares these)
@@ -143,9 +144,10 @@ class Conversation:
         embeds = routes.stitch(fam.model, ids, rows)
         grids = processed.inputs.get("image_grid_thw") if processed else None
         cache, cached_length = self.reusable(embeds[0])
-        if fam.route == routes.EMBEDS:
+        route = self.route or fam.route
+        if route == routes.EMBEDS:
             kwargs = routes.embeds_kwargs(embeds)
-        elif fam.route == routes.EMBEDS_MROPE:
+        elif route == routes.EMBEDS_MROPE:
             kwargs = routes.mrope_kwargs(fam.model, ids, embeds, grids)
         else:
             kwargs = routes.features_kwargs(fam.model, ids, rows, deepstack=deepstack, image_grid_thw=grids,
@@ -231,10 +233,22 @@ def test_two_images_of_different_sizes(name, root):
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_three_turns_new_image_on_turn_three(name, use_cache, root):
     """Turn 1 has a picture, turn 2 none, turn 3 a new one; every picture is embedded each turn."""
-    fam = family(name, root)
+    three_turns(Conversation(family(name, root), use_cache=use_cache))
+
+
+ROW_FAMILIES = [name for name in FAMILY_NAMES if routes.ROUTES[name] in (routes.EMBEDS, routes.EMBEDS_MROPE)]
+
+
+@pytest.mark.parametrize("name", ROW_FAMILIES)
+def test_ids_and_features_route_fits_every_row_family(name, root):
+    """`input_ids` + `mm_encoder_outputs` (Gemma 3's route) is exact for the embeds families too, prefix cache on."""
+    three_turns(Conversation(family(name, root), use_cache=True, route=routes.IDS_FEATURES))
+
+
+def three_turns(conversation: Conversation) -> None:
+    fam = conversation.fam
     first, third = picture(64, 48, seed=6), picture(48, 48, seed=7)
     other = picture(48, 48, seed=8)
-    conversation = Conversation(fam, use_cache=use_cache)
     turns = [(user(first, "What is in the picture?"), [first], [picture(64, 48, seed=9)]),
              (user("And the colours?"), [first], [picture(64, 48, seed=9)]),
              (user(third, "Describe this one."), [first, third], [first, other])]
@@ -244,7 +258,7 @@ def test_three_turns_new_image_on_turn_three(name, use_cache, root):
         new = check_turn(fam, conversation, messages, images, other_images)
         messages.append({"role": "assistant", "content": [{"type": "text", "text": fam.processor.decode(
             new, skip_special_tokens=True)}]})
-    if use_cache:
+    if conversation.use_cache:
         assert all(n > 0 for n in conversation.reused), f"{fam.name}: the cache was not reused ({conversation.reused})"
 
 
@@ -306,3 +320,12 @@ def test_gemma3_text_around_the_image_goes_with_its_neighbours(root):
                        tokens.ids, encode(tokens.after + after, add_special_tokens=False)["input_ids"][0]])
     assert not torch.equal(naive, reference_ids)
     assert torch.equal(prompt_ids(fam, text, [image])[0], reference_ids)
+
+
+def test_features_for_a_cache_that_ends_inside_an_image_keep_only_the_uncached_rows():
+    features = [torch.arange(6.0).reshape(3, 2), torch.arange(6.0, 10.0).reshape(2, 2)]
+    per_image = routes.encoder_output(features, None, skip=4, model_type="qwen2_5_vl")
+    assert [t.tolist() for t in per_image.pooler_output] == [[[8.0, 9.0]]]
+    joined = routes.encoder_output(features, None, skip=2, model_type="gemma3")
+    assert joined.pooler_output.tolist() == [[4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]
+    assert routes.encoder_output(features, None, skip=5, model_type="gemma3") is None

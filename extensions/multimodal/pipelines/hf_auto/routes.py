@@ -14,7 +14,8 @@ Routes (measured against `generate(**processor(...))`, tests/test_vlm_families_c
   does not run again), with the family's extras: Gemma 3 `token_type_ids` (an image's tokens
   attend to each other both ways); Qwen3-VL the same `position_ids` as Qwen2.5-VL and its DeepStack
   rows inside the features. Gemma 3 needs this route: its `prepare_inputs_for_generation` does not
-  take `inputs_embeds`.
+  take `inputs_embeds`. It is also exact for every family above (tested), so a host may use it
+  for all of them.
 - "cross-attention": Mllama; images are not rows of the prompt (see `cross_attention.py`).
 
 Prefix cache: every tensor here covers the full prompt; `generate` slices what the cache already
@@ -140,6 +141,11 @@ def features_kwargs(model, input_ids: torch.Tensor, features: list[torch.Tensor]
     return kwargs
 
 
+# Families whose forward concatenates `pooler_output` as a sequence of per-image tensors; the others
+# (Gemma 3, Idefics3, SmolVLM, InternVL, Aya Vision) scatter one tensor of any leading shape.
+PER_IMAGE_OUTPUT = ("llava", "llava_next", "llava_onevision", "mistral3") + MROPE_FAMILIES
+
+
 def encoder_output(features: list[torch.Tensor], deepstack: list[torch.Tensor] | None, skip: int,
                    model_type: str) -> BaseModelOutputWithPooling | None:
     """What the family's `get_image_features` returns, without the first `skip` rows; None when nothing is left."""
@@ -147,10 +153,9 @@ def encoder_output(features: list[torch.Tensor], deepstack: list[torch.Tensor] |
     rows = torch.cat(features)[skip:] if features else None
     if rows is None or rows.shape[0] == 0:
         return None
-    if model_type not in MROPE_FAMILIES:  # Gemma 3 scatters one tensor of any leading shape
+    if model_type not in PER_IMAGE_OUTPUT:
         return BaseModelOutputWithPooling(pooler_output=rows)
-    # Qwen concatenates a tuple of per-image tensors; keep the split (trimmed) for its DeepStack too.
-    kept = trimmed_sizes(sizes, skip)
+    kept = trimmed_sizes(sizes, skip)  # keep the per-image split (trimmed), for Qwen3-VL's DeepStack too
     pooler_output = tuple(torch.split(rows, kept))
     if deepstack is None:
         return BaseModelOutputWithPooling(pooler_output=pooler_output)
