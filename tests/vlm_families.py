@@ -12,7 +12,8 @@ token embedding, weights are drawn LeCun-normal (std 1/sqrt(fan_in)) rather than
 tokenizer is ASCII-only. Sizes: text hidden 64, 2 layers; vision hidden 32, 1-2 layers; images of a
 few dozen pixels give 4-40 tokens each.
 
-`FAMILIES` maps a family name to its builder; `llava` and `llava_next` reuse `tests/tiny_models.py`.
+`FAMILIES` maps a family name (the config's model_type) to its builder; `llava` and `llava_next`
+reuse `tests/tiny_models.py` with this module's weights and a list-content chat template.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ CORPUS = tiny_models.CORPUS + [
 def build_tokenizer(specials: list[str], *, bos: str | None, eos: str, pad: str, unk: str | None = None,
                     add_bos: bool = False, style: str = "byte_level", extra: dict[str, str] | None = None,
                     chat_template: str) -> PreTrainedTokenizerFast:
-    """A BPE tokenizer over `CORPUS` whose first ids are `specials` (in order).
+    """An ASCII BPE tokenizer over `CORPUS` whose first ids are `specials` (in order).
 
     style "byte_level": GPT-2/Qwen/Llama-3 style bytes with the split regex; "sentencepiece": Gemma's
     style (spaces become "▁", no pre-split, so runs of newlines merge into one token as in Gemma's
@@ -85,8 +86,8 @@ def token_id(tokenizer, token: str) -> int:
 
 @torch.no_grad()
 def lecun_init(model: nn.Module, seed: int, embedding_std: float = EMBEDDING_STD) -> nn.Module:
-    """Redraw every weight LeCun-normal (std 1/sqrt(fan_in)), embeddings std `EMBEDDING_STD`, biases
-    to zero, norms left as built.
+    """Redraw every weight LeCun-normal (std 1/sqrt(fan_in)), embeddings with std `embedding_std`,
+    biases to zero, norms left as built; free parameters that would shut the image out are set too.
 
     With transformers' std 0.02 a tiny model says the same token whatever it sees; with this the
     reply depends on the picture and greedy steps are rarely near-ties.
