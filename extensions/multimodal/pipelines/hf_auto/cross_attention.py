@@ -1,0 +1,89 @@
+"""Mllama (Llama 3.2 Vision): images through cross-attention layers, not as rows of the prompt.
+
+In the prompt an image is one `<|image|>` token; its tiles' vision states are keys and values of
+the language model's cross-attention layers, and `cross_attention_mask` `(1, n, images, tiles)`
+says which images each token may see (an image and everything after it, until the next image).
+
+`generate()` cannot take precomputed `cross_attention_states`: it passes every keyword again at
+each decoding step, and the cross-attention layers append them to the cache each time (the key
+count doubles and the mask no longer fits). So the route here prefills all but the last prompt
+token with one forward pass given the states, and `generate` continues from that cache: the
+cross-attention layers then read their keys and values from the cache only.
+
+Prefix cache: `DynamicCache.crop` would cut the cross-attention layers' vision keys as if they were
+tokens, so `reuse_cache` crops the self-attention layers only. The cross-attention layers keep their
+keys while the prompt's images are the same ones, in the same order; otherwise they are emptied and
+refilled with every image's states (a token's cross-attention only sees images before it, so the
+cached self-attention states of the shared prefix stay valid when an image is added later).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .image_tokens import ProcessedImages, image_token_id
+
+
+def cross_attention_states(model, processed: ProcessedImages) -> list[torch.Tensor]:
+    """`(max_tiles * patches, hidden)` per image: the projected vision states the LM attends to."""
+    inner = model.model
+    inputs = processed.inputs
+    with torch.inference_mode():
+        vision = inner.vision_model(pixel_values=inputs["pixel_values"].to(inner.vision_model.dtype),
+                                    aspect_ratio_ids=inputs["aspect_ratio_ids"],
+                                    aspect_ratio_mask=inputs["aspect_ratio_mask"]).last_hidden_state
+        states = inner.multi_modal_projector(vision)  # (1, images, tiles, patches, hidden)
+    return list(states.reshape(len(processed.tokens), -1, states.shape[-1]))
+
+
+def tiles_per_image(processed: ProcessedImages) -> list[int]:
+    """Tiles each image was cut into (the rest of `max_tiles` is padding the mask hides)."""
+    return [int(n) for n in processed.inputs["aspect_ratio_mask"][0].sum(-1)]
+
+
+def cross_attention_mask(model, input_ids: torch.Tensor, tiles: list[int], max_tiles: int) -> torch.Tensor:
+    """`(1, n, images, max_tiles)`, as `MllamaProcessor` builds it from the prompt's ids."""
+    from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
+                                                              get_cross_attention_token_mask)
+
+    sparse = get_cross_attention_token_mask(input_ids[0].tolist(), image_token_id(model))
+    dense = convert_sparse_cross_attention_mask_to_dense([sparse], num_tiles=[tiles], max_num_tiles=max_tiles,
+                                                         length=input_ids.shape[1])
+    return torch.from_numpy(dense).to(input_ids.device)
+
+
+def cross_attention_kwargs(model, input_ids: torch.Tensor, states: list[torch.Tensor], tiles: list[int],
+                           max_tiles: int, cache: DynamicCache | None = None, cached_length: int = 0,
+                           same_images: bool = False) -> dict:
+    """`generate()` kwargs with a cache prefilled on all but the last prompt token (see the module docstring).
+
+    `cache`, `cached_length`: a previous turn's cache whose first `cached_length` tokens equal this
+    prompt's; `same_images`: its cross-attention layers hold exactly `states` (same images, same order).
+    """
+    mask = cross_attention_mask(model, input_ids, tiles, max_tiles)
+    attention_mask = torch.ones_like(input_ids)
+    if cache is None:
+        cache, cached_length, same_images = DynamicCache(config=model.config), 0, False
+    if not same_images:  # the new states go in with a forward pass: keep at least one token to run it on
+        cached_length = min(cached_length, input_ids.shape[1] - 2)
+    reuse_cache(model, cache, cached_length, keep_vision=same_images)
+    fresh_states = torch.cat(states)[None] if states and not same_images else None
+    with torch.inference_mode():
+        if input_ids.shape[1] - 1 > cached_length:
+            model(input_ids=input_ids[:, cached_length:-1], attention_mask=attention_mask[:, :-1],
+                  cross_attention_mask=mask[:, cached_length:-1], cross_attention_states=fresh_states,
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "cross_attention_mask": mask,
+            "past_key_values": cache}
+
+
+def reuse_cache(model, cache: DynamicCache, cached_length: int, keep_vision: bool) -> None:
+    """Crop the self-attention layers to `cached_length` tokens; empty the cross-attention ones unless kept."""
+    cross_layers = set(model.config.get_text_config().cross_attention_layers)
+    for index, layer in enumerate(cache.layers):
+        if not layer.is_initialized:
+            continue
+        if index not in cross_layers:
+            layer.crop(cached_length - layer.get_seq_length())
+        elif not keep_vision:
+            layer.crop(-layer.keys.shape[-2])

@@ -1,0 +1,202 @@
+"""A checkpoint's own processor, with or without torchvision.
+
+`load_processor(folder)` returns the processor the checkpoint ships (tokenizer, image processor, chat
+template, processor settings):
+- torchvision usable: `AutoProcessor.from_pretrained(folder)`, as is;
+- otherwise the same processor class built from the checkpoint's own parts: its PIL image processor
+  (`*ImageProcessorPil`, from the folder's saved image-processor config), its tokenizer, its chat
+  template and processor settings, and no video processor. Images only: video needs torchvision.
+
+Why the second route is needed in transformers 5.23 (measured, see shared/notes/vlm-families.md):
+`ProcessorMixin` refuses a missing video processor (its class check trips on
+`VIDEO_PROCESSOR_MAPPING._extra_content`), and Qwen2-VL/2.5-VL/3-VL, SmolVLM, InternVL and
+LLaVA-OneVision declare one whose class needs torchvision; `PixtralProcessor`'s module imports one
+size helper from the torchvision image-processor module (the PIL module has the same helper);
+SmolVLM's `apply_chat_template` reads the video processor's frame settings even for images.
+
+Nothing here changes transformers for anyone else: a processor class that declares a video
+processor is used through a subclass of the same name that declares none, and Pixtral's module is
+loaded under a private name. A failure raises `ProcessorLoadError` naming the fix.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+from transformers.processing_utils import ProcessorMixin
+
+INSTALL_TORCHVISION = ("install torchvision built for your torch (e.g. `pip install torchvision` on a CUDA "
+                       "machine), which lets the checkpoint's processor load as is")
+# Pure-Python packages some processors import; the fix is named in the error.
+EXTRA_PACKAGES = {"SmolVLMProcessor": "num2words"}
+
+
+class ProcessorLoadError(RuntimeError):
+    """The checkpoint's processor cannot be built here; the message says why and what to install."""
+
+
+@functools.cache
+def torchvision_usable() -> bool:
+    """True when torchvision imports and its compiled ops load (an install built for another torch fails)."""
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():
+        return False
+    try:
+        import torchvision  # noqa: F401  (registers its C++ ops: fails on a mismatched torch)
+    except (ImportError, RuntimeError, OSError):
+        return False
+    return True
+
+
+def load_processor(folder: str | Path, use_torchvision: bool | None = None) -> ProcessorMixin:
+    """The checkpoint's processor (see the module docstring for the two routes).
+
+    `use_torchvision` None: decide by `torchvision_usable()`; False forces the PIL route (tests).
+    """
+    folder = Path(folder)
+    if use_torchvision if use_torchvision is not None else torchvision_usable():
+        return AutoProcessor.from_pretrained(folder)
+    return processor_from_parts(folder)
+
+
+def processor_from_parts(folder: Path) -> ProcessorMixin:
+    """The checkpoint's processor class built from its PIL image processor, tokenizer and settings."""
+    cls = processor_class(folder_processor_class_name(folder))
+    image_processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor_dict, instantiation_kwargs = cls.get_processor_dict(folder)
+    parts = {"image_processor": image_processor, "tokenizer": tokenizer}
+    missing = [name for name in cls.get_attributes() if name not in parts]
+    if missing:
+        raise ProcessorLoadError(f"{cls.__name__} needs {', '.join(missing)}, which this loader does not build "
+                                 f"without torchvision; {INSTALL_TORCHVISION}.")
+    # Positional, in the order the class's __init__ declares them (a dropped video processor is None).
+    args = [parts.get(name) for name in declared_attributes(cls)]
+    try:
+        return cls.from_args_and_dict(args, processor_dict, **instantiation_kwargs)
+    except ImportError as error:
+        raise ProcessorLoadError(f"{cls.__name__} could not be built: {error}{fix_hint(cls.__name__)}") from error
+
+
+def build_processor(class_name: str, **parts) -> ProcessorMixin:
+    """`class_name(**parts)` without a video processor (for building checkpoints; `load_processor` loads them)."""
+    cls = processor_class(class_name)
+    if "video_processor" in declared_attributes(cls):
+        parts.setdefault("video_processor", None)
+    return cls(**parts)
+
+
+def declared_attributes(cls: type[ProcessorMixin]) -> list[str]:
+    """The sub-processors `cls.__init__` takes (`ProcessorMixin.get_attributes`, ignoring our override)."""
+    return ProcessorMixin.get_attributes.__func__(cls)
+
+
+def fix_hint(class_name: str) -> str:
+    package = EXTRA_PACKAGES.get(class_name)
+    return f" (fix: pip install {package})" if package else f" (fix: {INSTALL_TORCHVISION})"
+
+
+def folder_processor_class_name(folder: Path) -> str:
+    """The processor class a checkpoint names (processor/preprocessor/tokenizer config), else its model type's."""
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        path = folder / name
+        if path.is_file():
+            class_name = json.loads(path.read_text()).get("processor_class")
+            if class_name:
+                return class_name
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    config = folder / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    if model_type not in PROCESSOR_MAPPING_NAMES:
+        raise ProcessorLoadError(f"{folder} names no processor class (processor_config.json) and its model type "
+                                 f"{model_type!r} has none in transformers; is it an image-text checkpoint?")
+    return PROCESSOR_MAPPING_NAMES[model_type]
+
+
+@functools.cache
+def processor_class(class_name: str) -> type[ProcessorMixin]:
+    """The transformers processor class `class_name`, usable without torchvision (see the module docstring)."""
+    if class_name == "PixtralProcessor":
+        cls = pixtral_processor_class()
+    else:
+        import transformers
+
+        try:
+            cls = getattr(transformers, class_name)
+        except (AttributeError, ImportError) as error:
+            raise ProcessorLoadError(f"transformers has no usable processor class {class_name}: {error}"
+                                     f"{fix_hint(class_name)}") from error
+    if "video_processor" in cls.get_attributes() and not torchvision_usable():
+        return without_video_processor(cls)
+    return cls
+
+
+def without_video_processor(cls: type[ProcessorMixin]) -> type[ProcessorMixin]:
+    """A subclass of `cls`, same name, that declares no video processor.
+
+    The family's `__init__` still passes `video_processor` (None) positionally to `ProcessorMixin`,
+    which pairs arguments with the declared attributes and so never sees it; the processor then has
+    no `video_processor` attribute, which is what `ProcessorMixin.__call__` checks before videos.
+    """
+    attributes = [name for name in cls.get_attributes() if name != "video_processor"]
+    namespace = {
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": f"{cls.__name__} for images only (no video processor: its class needs torchvision).",
+        "get_attributes": classmethod(lambda _cls: list(attributes)),
+    }
+    if cls.__name__ == "SmolVLMProcessor":
+        # Its apply_chat_template only adds the video processor's frame settings, then renders.
+        namespace["apply_chat_template"] = ProcessorMixin.apply_chat_template
+    return type(cls.__name__, (cls,), namespace)
+
+
+PIXTRAL = "transformers.models.pixtral"
+
+
+def pixtral_processor_class() -> type[ProcessorMixin]:
+    """`PixtralProcessor`; without torchvision, its module loaded under a private name.
+
+    Its module does `from .image_processing_pixtral import get_resize_output_image_size`, and that
+    module imports torchvision. `image_processing_pil_pixtral` defines the same function; while the
+    private copy runs its imports, that name resolves to the PIL module, and the entry is removed
+    again: `transformers.models.pixtral.*` stays as it was for everyone else.
+    """
+    if torchvision_usable():
+        from transformers import PixtralProcessor
+
+        return PixtralProcessor
+    pil_module = importlib.import_module(f"{PIXTRAL}.image_processing_pil_pixtral")
+    source = importlib.util.find_spec(f"{PIXTRAL}.processing_pixtral")
+    private_name = f"{PIXTRAL}._processing_pixtral_pil"
+    spec = importlib.util.spec_from_file_location(private_name, source.origin)
+    module = importlib.util.module_from_spec(spec)
+    stand_in = f"{PIXTRAL}.image_processing_pixtral"
+    previous = sys.modules.get(stand_in)
+    sys.modules[stand_in] = pil_module
+    sys.modules[private_name] = module  # inspect (transformers' auto_docstring) looks the class's module up
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        sys.modules.pop(private_name, None)
+        raise
+    finally:
+        if previous is None:
+            sys.modules.pop(stand_in, None)
+        else:
+            sys.modules[stand_in] = previous
+    return _checked_pixtral(module)
+
+
+def _checked_pixtral(module: ModuleType) -> type[ProcessorMixin]:
+    if getattr(module, "get_resize_output_image_size", None) is None:
+        raise ProcessorLoadError(f"PixtralProcessor could not be loaded without torchvision; {INSTALL_TORCHVISION}.")
+    return module.PixtralProcessor

@@ -1,0 +1,177 @@
+"""How each family's language model takes a prompt with images: the `generate()` keyword arguments.
+
+In: the full prompt's ids `(1, n)` (with the image ids `image_tokens` gives) and either the stitched
+embeddings `(1, n, hidden)` or the per-image feature rows `image_features` gives. Out: a dict for
+`model.generate(**kwargs, max_new_tokens=...)`; add `past_key_values` for a prefix cache.
+
+Routes (measured against `generate(**processor(...))`, tests/test_vlm_families_core.py):
+- "embeds": `inputs_embeds` + `attention_mask`. LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral3, Idefics3,
+  SmolVLM, InternVL, Aya Vision.
+- "embeds+mrope": the same plus 3-D rotary `position_ids` `(4, 1, n)` (row 0 text positions, rows
+  1-3 from the model's `get_rope_index`), as Qwen's own `generate` builds them. Qwen2-VL, Qwen2.5-VL.
+- "ids+features": `input_ids` with the real image ids plus the precomputed features through
+  `generate(mm_encoder_outputs=...)` (transformers' own way to pass pre-encoded images: the tower
+  does not run again), with the family's extras: Gemma 3 `token_type_ids` (an image's tokens
+  attend to each other both ways); Qwen3-VL the same `position_ids` as Qwen2.5-VL and its DeepStack
+  rows inside the features. Gemma 3 needs this route: its `prepare_inputs_for_generation` does not
+  take `inputs_embeds`. It is also exact for every family above (tested), so a host may use it
+  for all of them.
+- "cross-attention": Mllama; images are not rows of the prompt (see `cross_attention.py`).
+
+Prefix cache: every tensor here covers the full prompt; `generate` slices what the cache already
+holds (`next_sequence_length`). That is exactly right for "embeds" and for the position ids (the
+cached part keeps the positions it was computed with, because they are computed over the full
+prompt every turn, from the ids and every image's grid; decode steps continue from the last
+position + 1, which is `generate`'s own update). `mm_encoder_outputs` must hold only the rows of
+image tokens the cache does not hold: pass `cached_length`.
+
+A cache that is to be cropped must record the past of its sliding-window layers (Gemma 3, Aya
+Vision's Cohere2, Mistral with a window): `prefix_cache(model)` makes one. Without it `crop` raises
+once the window is full.
+
+With explicit `position_ids` Qwen's `rope_deltas` (state kept on the model between calls) is never
+read, so a previous request cannot leak into this one.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from .image_tokens import image_token_id
+
+EMBEDS = "embeds"
+EMBEDS_MROPE = "embeds+mrope"
+IDS_FEATURES = "ids+features"
+CROSS_ATTENTION = "cross-attention"
+
+ROUTES = {
+    "llava": EMBEDS, "llava_next": EMBEDS, "llava_onevision": EMBEDS, "mistral3": EMBEDS, "idefics3": EMBEDS,
+    "smolvlm": EMBEDS, "internvl": EMBEDS, "aya_vision": EMBEDS,
+    "qwen2_vl": EMBEDS_MROPE, "qwen2_5_vl": EMBEDS_MROPE,
+    "gemma3": IDS_FEATURES, "qwen3_vl": IDS_FEATURES,
+    "mllama": CROSS_ATTENTION,
+}
+# Families whose language model needs 3-D rotary positions from get_rope_index.
+MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+def route_for(model) -> str:
+    model_type = model.config.model_type
+    if model_type not in ROUTES:
+        raise ValueError(f"No image route for model type {model_type!r}; known: {', '.join(sorted(ROUTES))}")
+    return ROUTES[model_type]
+
+
+def prefix_cache(model) -> DynamicCache:
+    """An empty KV cache for `generate` that can later be cropped to a shared prefix, sliding layers included.
+
+    Sliding-window layers then keep every state until `crop` (which trims them back to the window),
+    so a turn's cache holds the whole sequence, like the full-attention layers do.
+    """
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    return cache
+
+
+def stitch(model, input_ids: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:
+    """`(1, n, hidden)`: token embeddings of `input_ids` `(1, n)` with image-token rows replaced, in order."""
+    with torch.inference_mode():
+        embeds = model.get_input_embeddings()(input_ids)
+    mask = input_ids == image_token_id(model)
+    rows = torch.cat(features).to(embeds.device, embeds.dtype) if features else embeds.new_zeros(0, embeds.shape[-1])
+    if int(mask.sum()) != rows.shape[0]:
+        raise ValueError(f"Image features and image tokens do not match: tokens {int(mask.sum())}, "
+                         f"feature rows {rows.shape[0]}")
+    embeds = embeds.clone()
+    embeds[mask] = rows
+    return embeds
+
+
+def embeds_kwargs(inputs_embeds: torch.Tensor) -> dict:
+    """Route "embeds": `inputs_embeds` `(1, n, hidden)` and an all-ones mask (ids may equal the pad id)."""
+    mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
+    return {"inputs_embeds": inputs_embeds, "attention_mask": mask}
+
+
+def mrope_position_ids(model, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """`(4, 1, n)`: text positions, then the model's 3-D rotary positions for the full prompt.
+
+    `image_grid_thw` `(images, 3)`: every image in `input_ids`, in order (cached ones included: their
+    positions shift everything after them). Equals what Qwen's `generate` builds from
+    `processor(...)` output (`_prepare_position_ids_for_generation`).
+    """
+    attention_mask = torch.ones_like(input_ids)
+    text_positions = (attention_mask.cumsum(-1) - 1)[None]  # (1, 1, n)
+    image_tokens = input_ids == image_token_id(model)
+    if image_grid_thw is None or not bool(image_tokens.any()):
+        return torch.cat([text_positions, text_positions.expand(3, -1, -1)])
+    rope, _ = model.model.get_rope_index(input_ids, mm_token_type_ids=image_tokens.int(),
+                                         image_grid_thw=image_grid_thw.to(input_ids.device),
+                                         attention_mask=attention_mask)
+    return torch.cat([text_positions, rope.to(text_positions.device)])
+
+
+def mrope_kwargs(model, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,
+                 image_grid_thw: torch.Tensor | None) -> dict:
+    """Route "embeds+mrope": `embeds_kwargs` plus `position_ids` `(4, 1, n)`."""
+    return {**embeds_kwargs(inputs_embeds), "position_ids": mrope_position_ids(model, input_ids, image_grid_thw)}
+
+
+def features_kwargs(model, input_ids: torch.Tensor, features: list[torch.Tensor], *,
+                    deepstack: list[torch.Tensor] | None = None, image_grid_thw: torch.Tensor | None = None,
+                    cached_length: int = 0) -> dict:
+    """Route "ids+features": `input_ids` `(1, n)`, the features as `mm_encoder_outputs`, the family's extras.
+
+    `features`: `(rows, hidden)` per image in `input_ids`, in order; `deepstack` (Qwen3-VL):
+    `(layers, rows, hidden)` per image. `cached_length`: tokens a prefix cache already holds; only
+    rows of image tokens after it are passed (the model counts image tokens in what it is given).
+    """
+    kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    model_type = model.config.model_type
+    image_tokens = input_ids == image_token_id(model)
+    if model_type == "gemma3":
+        kwargs["token_type_ids"] = image_tokens.long()
+    if model_type in MROPE_FAMILIES:
+        kwargs["position_ids"] = mrope_position_ids(model, input_ids, image_grid_thw)
+    skip = int(image_tokens[:, :cached_length].sum())  # rows whose tokens the cache holds
+    output = encoder_output(features, deepstack, skip, model_type)
+    if output is not None:
+        kwargs["mm_encoder_outputs"] = {"image": output}
+    return kwargs
+
+
+# Families whose forward concatenates `pooler_output` as a sequence of per-image tensors; the others
+# (Gemma 3, Idefics3, SmolVLM, InternVL, Aya Vision) scatter one tensor of any leading shape.
+PER_IMAGE_OUTPUT = ("llava", "llava_next", "llava_onevision", "mistral3") + MROPE_FAMILIES
+
+
+def encoder_output(features: list[torch.Tensor], deepstack: list[torch.Tensor] | None, skip: int,
+                   model_type: str) -> BaseModelOutputWithPooling | None:
+    """What the family's `get_image_features` returns, without the first `skip` rows; None when nothing is left."""
+    sizes = [f.shape[0] for f in features]
+    rows = torch.cat(features)[skip:] if features else None
+    if rows is None or rows.shape[0] == 0:
+        return None
+    if model_type not in PER_IMAGE_OUTPUT:
+        return BaseModelOutputWithPooling(pooler_output=rows)
+    kept = trimmed_sizes(sizes, skip)  # keep the per-image split (trimmed), for Qwen3-VL's DeepStack too
+    pooler_output = tuple(torch.split(rows, kept))
+    if deepstack is None:
+        return BaseModelOutputWithPooling(pooler_output=pooler_output)
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+    layers = torch.cat(deepstack, dim=1)[:, skip:]  # (layers, rows, hidden)
+    return BaseModelOutputWithDeepstackFeatures(
+        pooler_output=pooler_output, deepstack_features=[tuple(torch.split(layer, kept)) for layer in layers])
+
+
+def trimmed_sizes(sizes: list[int], skip: int) -> list[int]:
+    """Per-image row counts after dropping the first `skip` rows (images fully dropped disappear)."""
+    kept = []
+    for size in sizes:
+        dropped = min(size, skip)
+        skip -= dropped
+        if size - dropped:
+            kept.append(size - dropped)
+    return kept
