@@ -31,7 +31,7 @@ def load_model_and_extensions() -> None:
     if name:
         shared.model, shared.tokenizer = modules.models.load_model(name)
         shared.model_name = Path(name).name  # the folder's name, as text-generation-webui shows it
-        if shared.processor is not None and "multimodal" not in shared.args.extensions:
+        if shared.is_multimodal and "multimodal" not in shared.args.extensions:
             logger.info("Image-text model: enabling the multimodal extension")
             shared.args.extensions.append("multimodal")
     else:

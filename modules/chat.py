@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from modules import shared
+from modules import chat_templates, shared
 from modules.extensions import apply_extensions
 from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length
 
@@ -70,11 +70,10 @@ def render_messages(messages: list[dict], state: dict, continue_last: bool = Fal
 
 
 def render(messages: list[dict], add_generation_prompt: bool = False, continue_last: bool = False) -> str:
-    tokenizer = shared.tokenizer
-    if getattr(tokenizer, "chat_template", None):
+    if getattr(shared.tokenizer, "chat_template", None):
         if continue_last:
-            return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return chat_templates.render(messages, continue_final_message=True)
+        return chat_templates.render(messages, add_generation_prompt=add_generation_prompt)
     return render_plain(messages, add_generation_prompt)
 
 

@@ -148,6 +148,9 @@ EXTENSION_MAP = {
     # This host's only: the regex (named groups `mime`, `data`) of the image tags an extension writes
     # into visible text, which the chat renders as pictures. text-generation-webui renders HTML as is.
     "image_tag_pattern": partial(_apply_first, "image_tag_pattern"),
+    # ...and the text the model's chat template writes for an image part, where each tag goes when the
+    # host renders structured messages (modules/chat_templates.py).
+    "image_placeholder": partial(_apply_first, "image_placeholder"),
     "css": partial(_apply_custom_css_or_js, "custom_css"),
     "js": partial(_apply_custom_css_or_js, "custom_js"),
 }

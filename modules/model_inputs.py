@@ -1,38 +1,69 @@
 """`generate()`'s inputs, built in one place from what the tokenizer hook returned.
 
 In: the prompt's ids `[1, n]` and, when an extension returned them, its input embeddings
-`[1, n, hidden]`. Out: keyword arguments for `model.generate`: `input_ids` or `inputs_embeds` on the
-model's device (embeddings in the model's dtype), an all-ones attention mask, and, when the prefix
-cache is on, the KV cache kept from the previous generation cropped to the shared prefix
-(`modules.prefix_cache`); plus the prompt's embeddings `(n, hidden)` to remember afterwards.
+`[1, n, hidden]`; and the route an extension may leave in `state[GENERATE_KWARGS]` from its
+`tokenizer_modifier`: a function of how many leading tokens the prefix cache already holds that
+gives the keyword arguments the model needs for this prompt (a model that takes more than stitched
+embeddings: Qwen2-VL's 3-D positions, Gemma 3's image features beside its ids). Out: keyword
+arguments for `model.generate`: by default `input_ids` or `inputs_embeds` on the model's device
+(embeddings in the model's dtype) and an all-ones attention mask; when the prefix cache is on, the
+KV cache kept from the previous generation cropped to the shared prefix (`modules.prefix_cache`,
+which compares the embeddings: they hold the images' features, so two pictures never match); plus
+the prompt's embeddings `(n, hidden)` to remember afterwards.
 Every generation goes through `generate_inputs`. This module does not tokenize or sample.
 """
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import torch
 from transformers import DynamicCache
 
 from modules import prefix_cache, shared
 
+GENERATE_KWARGS = "generate_kwargs"
 
-def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
-                    use_prefix_cache: bool) -> tuple[dict, torch.Tensor | None]:
+
+def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, use_prefix_cache: bool,
+                    route: Optional[Callable[[int], dict]] = None) -> tuple[dict, torch.Tensor | None]:
     """(`generate()` keyword arguments, the prompt's embeddings `(n, hidden)` or None when reuse is off)."""
     weight = shared.model.get_input_embeddings().weight
     input_ids = input_ids.to(weight.device)
     if inputs_embeds is not None:
         inputs_embeds = inputs_embeds.to(weight.device, weight.dtype)
+    length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
+    prompt_embeds, cache, reused = None, None, 0
+    if use_prefix_cache:
+        prompt_embeds = (inputs_embeds if inputs_embeds is not None else prefix_cache.embed_ids(input_ids))[0]
+        cache = prefix_cache.reusable_cache(prompt_embeds)
+        reused = cache.get_seq_length() if cache is not None else 0
+        prefix_cache.stats["reused_tokens"] += reused
+        prefix_cache.stats["prefilled_tokens"] += length - reused
+    else:
+        prefix_cache.clear()
+    kwargs = on_device(route(reused), weight.device) if route is not None else \
+        default_inputs(input_ids, inputs_embeds, weight.device)
+    if use_prefix_cache:
+        kwargs["past_key_values"] = cache if cache is not None else new_cache()
+    return kwargs, prompt_embeds
+
+
+def default_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, device: torch.device) -> dict:
     kwargs: dict = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
     # Image placeholder ids often equal the pad id; without an explicit mask transformers masks them.
-    kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=weight.device)
-    if not use_prefix_cache:
-        prefix_cache.clear()
-        return kwargs, None
-    prompt_embeds = (inputs_embeds if inputs_embeds is not None else prefix_cache.embed_ids(input_ids))[0]
-    cache = prefix_cache.reusable_cache(prompt_embeds)
-    kwargs["past_key_values"] = cache if cache is not None else DynamicCache(config=shared.model.config)
-    reused = cache.get_seq_length() if cache is not None else 0
-    prefix_cache.stats["reused_tokens"] += reused
-    prefix_cache.stats["prefilled_tokens"] += length - reused
-    return kwargs, prompt_embeds
+    kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=device)
+    return kwargs
+
+
+def on_device(kwargs: dict, device: torch.device) -> dict:
+    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in kwargs.items()}
+
+
+def new_cache() -> DynamicCache:
+    """An empty KV cache that can later be cropped to a shared prefix. Sliding-window layers (Gemma 3,
+    Cohere2) must then keep their whole past until the crop, or cropping fails once the window is full."""
+    cache = DynamicCache(config=shared.model.config)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache

@@ -1,8 +1,10 @@
 """Loading a Hugging Face model folder into `shared.model` / `shared.tokenizer` / `shared.processor`.
 
 `load_model(name)` picks the transformers Auto class from the folder's config.json:
-- configs with a `vision_config` (LLaVA, LLaVA-NeXT, ...) load with `AutoModelForImageTextToText`
-  and keep their `AutoProcessor` in `shared.processor`;
+- configs with a `vision_config` (LLaVA, Qwen2.5-VL, Gemma 3, ...) load with
+  `AutoModelForImageTextToText` (`shared.is_multimodal`) and keep their `AutoProcessor` in
+  `shared.processor` when it loads here (several need torchvision; without it the processor is
+  None and the multimodal extension builds one from the folder's parts);
 - original LLaVA checkpoints (`model_type: llava_llama`) load as plain Llama causal LMs; their
   `model.mm_projector.*` tensors stay on disk for the multimodal pipeline to read;
 - everything else loads with `AutoModelForCausalLM`.
@@ -97,14 +99,16 @@ def load_model(model_name: str):
     kwargs = loading_kwargs()
     logger.info(f"Loading {path} ({config.get('model_type', '?')}, {kwargs['dtype']})")
     shared.processor = None
+    shared.is_multimodal = is_image_text_config(config)
     if config.get("model_type") == "llava_llama":
         model = load_llava_llama(path, config, kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
-    elif is_image_text_config(config):
+    elif shared.is_multimodal:
         model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
-        shared.processor = AutoProcessor.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
-        tokenizer = shared.processor.tokenizer
-        if getattr(tokenizer, "chat_template", None) is None:
+        shared.processor = load_processor(path)
+        tokenizer = shared.processor.tokenizer if shared.processor is not None else \
+            AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
+        if getattr(tokenizer, "chat_template", None) is None and shared.processor is not None:
             tokenizer.chat_template = getattr(shared.processor, "chat_template", None)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -117,6 +121,16 @@ def load_model(model_name: str):
     return model, tokenizer
 
 
+def load_processor(path: Path):
+    """The folder's AutoProcessor, or None when it cannot load here (e.g. its video processor needs torchvision)."""
+    try:
+        return AutoProcessor.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
+    except (OSError, ImportError, ValueError, TypeError) as error:
+        logger.info(f"The folder's AutoProcessor does not load here ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0][:160]}); the multimodal extension builds it from the folder's parts")
+        return None
+
+
 def context_length(model, default: int) -> int:
     config = model.config
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -125,6 +139,7 @@ def context_length(model, default: int) -> int:
 
 def unload_model() -> None:
     shared.model = shared.tokenizer = shared.processor = None
+    shared.is_multimodal = False
     shared.model_name = "None"
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -20,6 +20,7 @@ DEMO_MODEL = "tiny-llava-shapes"
 model: Any = None
 tokenizer: Any = None
 processor: Any = None  # an AutoProcessor for image-text models, else None
+is_multimodal: bool = False  # the loaded model is an image-text model (text-generation-webui's name)
 model_name: str = "None"
 gradio: dict[str, Any] = {}
 # The batch-level logits processors (a modules.logits_bridge.LogitsProcessorRunner), built once at

@@ -12,7 +12,7 @@ from modules import extensions, logits_processor_loader, model_settings, models,
 def snapshot() -> dict:
     return {"args": copy.deepcopy(shared.args), "settings": copy.deepcopy(shared.settings),
             "user_setting_keys": set(shared.user_setting_keys),
-            "model": (shared.model, shared.tokenizer, shared.processor, shared.model_name),
+            "model": (shared.model, shared.tokenizer, shared.processor, shared.model_name, shared.is_multimodal),
             "logits_processors": shared.logits_processors}
 
 
@@ -23,7 +23,7 @@ def restore(saved: dict) -> None:
     shared.user_setting_keys.clear()
     shared.user_setting_keys.update(saved["user_setting_keys"])
     model_settings.applied.clear()
-    shared.model, shared.tokenizer, shared.processor, shared.model_name = saved["model"]
+    shared.model, shared.tokenizer, shared.processor, shared.model_name, shared.is_multimodal = saved["model"]
     shared.logits_processors = saved["logits_processors"]
     shared.stop_everything = False
     extensions.reset()

@@ -1,4 +1,4 @@
-"""The `llava-hf` pipeline against Hugging Face's own LLaVA / LLaVA-NeXT forward.
+"""The `llava-hf` pipeline (the `transformers` pipeline for LLaVA / LLaVA-NeXT) against Hugging Face's own forward.
 
 Differential: the processor's input ids with our embeddings placed at the image tokens must give
 the logits that `model(**processor(text, images))` gives.
@@ -38,7 +38,7 @@ def random_image(width: int, height: int, seed: int) -> Image.Image:
 
 
 def pipeline(params=None):
-    from extensions.multimodal.pipelines.llava import pipelines
+    from extensions.multimodal.pipelines.hf_auto import pipelines
 
     return pipelines.get_pipeline("llava-hf", params or {})
 
@@ -46,8 +46,7 @@ def pipeline(params=None):
 def our_logits(pipe, input_ids: torch.Tensor, images) -> torch.Tensor:
     """The processor's ids, embedded by the pipeline, with its image features at the image tokens."""
     embeds = pipe.embed_tokens(input_ids[0]).clone()
-    features = pipe.embed_images(images)
-    features = features.reshape(-1, features.shape[-1])
+    features = torch.cat(pipe.embed_images(images))
     mask = input_ids[0] == pipe.placeholder_token_id()
     assert int(mask.sum()) == features.shape[0]
     embeds[mask] = features
@@ -56,7 +55,7 @@ def our_logits(pipe, input_ids: torch.Tensor, images) -> torch.Tensor:
 
 
 def test_picked_from_the_loaded_model(hf_model):
-    from extensions.multimodal.pipelines.llava import pipelines
+    from extensions.multimodal.pipelines.hf_auto import pipelines
 
     # The folder name says nothing certain; the loaded model's type does.
     picked = pipelines.get_pipeline_from_model_name("some-folder", {})
@@ -82,36 +81,35 @@ def test_embeddings_reproduce_hf_forward(hf_model, images):
 def test_token_count_per_image_matches_the_processor(hf_model, size):
     image = random_image(*size, seed=0)
     pipe = pipeline()
-    ids = shared.processor(text="<image>", images=[image], return_tensors="pt")["input_ids"]
-    expected = int((ids == pipe.placeholder_token_id()).sum())
-    assert pipe.num_image_embeds_for(image) == expected
-    features = pipe.embed_images([image])
-    assert features.reshape(-1, features.shape[-1]).shape[0] == expected
+    ids = shared.processor(text="<image>", images=[image], return_tensors="pt")["input_ids"][0]
+    layout = pipe.image_layout(image).ids
+    assert torch.equal(layout, ids[ids == pipe.placeholder_token_id()]), "the processor's own ids for the image"
+    assert pipe.embed_images([image])[0].shape[0] == layout.numel()
     if hf_model == "llava":
-        assert pipe.num_image_embeds() == expected == 16
+        assert pipe.num_image_embeds() == layout.numel() == 16
 
 
 def test_next_counts_depend_on_the_image_size(host, llava_next_hf_dir):
     host.load(llava_next_hf_dir)
     pipe = pipeline()
     images = [random_image(40, 20, 0), random_image(20, 64, 1)]
-    counts = [pipe.num_image_embeds_for(image) for image in images]
+    counts = [pipe.image_layout(image).ids.numel() for image in images]
     assert counts[0] != counts[1]
-    features = pipe.embed_images(images)
+    features = torch.cat(pipe.embed_images(images))
     assert features.shape == (sum(counts), shared.model.config.text_config.hidden_size)
-    one_by_one = torch.cat([pipe.embed_images([image]) for image in images])
+    one_by_one = torch.cat([pipe.embed_images([image])[0] for image in images])
     torch.testing.assert_close(features, one_by_one, atol=1e-5, rtol=1e-5)
 
 
 def test_vision_bits_cast_the_tower(hf_model):
     images = [random_image(40, 24, 0)]
-    full = pipeline().embed_images(images)
+    full = pipeline().embed_images(images)[0]
     half = pipeline({"vision_bits": "bf16", "vision_device": "cpu"})
     inner = shared.model.model
     assert {p.dtype for p in inner.vision_tower.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in inner.multi_modal_projector.parameters()} == {torch.bfloat16}
     assert shared.model.get_input_embeddings().weight.dtype == torch.float32  # the LM is untouched
-    embeds = half.embed_images(images)
+    embeds = half.embed_images(images)[0]
     assert embeds.dtype == torch.float32
     assert (embeds - full).abs().max() < 0.06 * full.abs().max()
     assert half.cache_key() != pipeline({"vision_bits": 32}).cache_key()
@@ -119,14 +117,5 @@ def test_vision_bits_cast_the_tower(hf_model):
 
 def test_needs_a_llava_model(host, llama_dir):
     host.load(llama_dir)
-    with pytest.raises(ValueError, match="needs a transformers LLaVA model.*LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="serves llava, llava_next models; the loaded model is LlamaForCausalLM"):
         pipeline()
-
-
-def test_counting_by_expansion_agrees_with_the_processor_arithmetic(hf_model):
-    from extensions.multimodal.pipelines.llava.hf import count_by_expanding
-
-    pipe = pipeline()
-    for width, height in [(32, 32), (40, 20), (20, 64), (100, 30)]:
-        expected = pipe.num_image_embeds_for(random_image(width, height, 0))
-        assert count_by_expanding(shared.processor, pipe.placeholder_token_id(), height, width) == expected

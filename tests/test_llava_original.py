@@ -236,7 +236,7 @@ def test_original_release_from_model_name(name, expected):
 def test_registry():
     pipelines = llava_pipelines()
     assert pipelines.available_pipelines == ["llava-7b", "llava-13b", "llava-llama-2-13b", "llava-v1.5-7b",
-                                             "llava-v1.5-13b", "llava-hf"]
+                                             "llava-v1.5-13b"]
     assert pipelines.get_pipeline("minigpt4-13b", {}) is None
 
 

@@ -25,7 +25,7 @@ from extensions.multimodal.pipelines.hf_auto import image_features as features_m
 from extensions.multimodal.pipelines.hf_auto.image_features import image_features
 from extensions.multimodal.pipelines.hf_auto.image_tokens import (image_placeholder, image_token_id, image_token_ids,
                                                                   process_images)
-from extensions.multimodal.pipelines.hf_auto.processing import load_processor
+from extensions.multimodal.processor_loading import load_processor
 from tests import vlm_families
 
 NEW_TOKENS = 8

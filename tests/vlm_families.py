@@ -27,7 +27,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
-from extensions.multimodal.pipelines.hf_auto.processing import build_processor
+from extensions.multimodal.processor_loading import build_processor
 from tests import tiny_models
 
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

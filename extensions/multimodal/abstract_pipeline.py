@@ -8,10 +8,18 @@ instantiating.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
 
 import torch
 from PIL import Image
+
+
+@dataclass
+class ImageLayout:
+    """One image's share of the prompt's ids, as the model's own processor writes it."""
+    ids: torch.Tensor  # (n,) int64: everything the image becomes; `placeholder_token_id()` where its features go
+    info: dict = field(default_factory=dict)  # per-image facts `generate_kwargs` needs (Qwen: the image's grid)
 
 
 class AbstractMultimodalPipeline(ABC):
@@ -79,6 +87,39 @@ class AbstractMultimodalPipeline(ABC):
     def cache_key(self) -> str:
         """Everything besides the image bytes that changes `embed_images`' result (for the embedding cache)."""
         return self.name()
+
+    def image_layout(self, image: Image.Image) -> ImageLayout:
+        """The ids this image becomes: by default `num_image_embeds_for(image)` placeholder ids. Pipelines
+        whose processor writes markers, row breaks or tile tokens among the image tokens return them all;
+        features go where the ids are `placeholder_token_id()` (`embed_images` returns that many rows)."""
+        return ImageLayout(torch.full((self.num_image_embeds_for(image),), int(self.placeholder_token_id()),
+                                      dtype=torch.int64))
+
+    def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
+                        features: List[torch.Tensor]) -> Optional[Callable[[int], dict]]:
+        """How the model takes this prompt, when stitched `inputs_embeds` alone are not enough; None when they are.
+
+        In: the prompt's ids `(1, n)` (the real placeholder ids), its stitched embeddings `(1, n, hidden)`,
+        and per embedded image, in order, its layout and feature rows `(rows, hidden)`. Out: a function
+        of how many leading tokens a prefix KV cache already holds, giving `generate()` keyword arguments
+        (the cache itself is added by the host): e.g. 3-D rotary `position_ids` (Qwen2-VL), or `input_ids`
+        with the precomputed features and `token_type_ids` (Gemma 3). Hosts without this hook
+        (text-generation-webui) use the embeddings.
+        """
+        return None
+
+    def chat_template_placeholder(self) -> Optional[str]:
+        """The text the model's chat template writes for an image part (e.g. `<|image_pad|>`), or None.
+
+        A host that renders chat messages with structured content puts each image's tag there, so the
+        template formats images as the model was trained (markers around them, their place in the turn).
+        """
+        return None
+
+    def embeds_all_images(self) -> bool:
+        """Whether every image in the prompt is embedded when `add_all_images_to_prompt` is unset (None);
+        False: only the newest (older ones get `placeholder_embeddings()`), as the original extension did."""
+        return False
 
     # -- Helpers for subclasses -----------------------------------------------------------------
 

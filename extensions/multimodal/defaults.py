@@ -11,8 +11,9 @@ from typing import Any, Optional
 DEFAULT_PARAMS: dict[str, Any] = {
     # the pipeline to use (the `multimodal-pipeline` setting; `--multimodal-pipeline` wins where the host has it)
     "pipeline": None,
-    # embed every image in the prompt, not only the last one (older ones get placeholder rows)
-    "add_all_images_to_prompt": False,
+    # embed every image in the prompt, not only the last one (older ones get placeholder rows); None: the
+    # pipeline's choice (transformers image-text models: every image, as their processor does; original LLaVA: the last)
+    "add_all_images_to_prompt": None,
     # device to run the vision encoder on (None: the language model's device)
     "vision_device": None,
     # bits to load the vision encoder in: 32, 16 or 'bf16'

@@ -74,7 +74,8 @@ _processor_cache: dict[int, Any] = {}
 
 
 def processor() -> Any:
-    """The model's AutoProcessor: the host's own when it keeps one, else loaded from the model's folder once."""
+    """The model's processor: the host's own when it keeps one, else loaded from the model's folder once
+    (`processor_loading`: as is where torchvision works, else built from the checkpoint's PIL parts)."""
     hosted = getattr(shared, "processor", None)  # this repository's host loads it with the model
     if hosted is not None:
         return hosted
@@ -84,8 +85,8 @@ def processor() -> Any:
         if folder is None:
             raise ValueError("The model's processor is needed, but the model's folder was not found "
                              f"(model name {shared.model_name!r}).")
-        from transformers import AutoProcessor
+        from extensions.multimodal.processor_loading import load_processor
 
         _processor_cache.clear()  # one model at a time
-        _processor_cache[id(model)] = AutoProcessor.from_pretrained(folder)
+        _processor_cache[id(model)] = load_processor(folder)
     return _processor_cache[id(model)]

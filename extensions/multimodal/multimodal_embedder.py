@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout
 from extensions.multimodal.defaults import with_defaults
 from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
                                                    tensor_nbytes)
@@ -72,6 +72,7 @@ class MultimodalEmbedder:
         self.last_stats = EmbedStats()
         self._owner: tuple = (None, None)  # the (model, tokenizer) the caches were filled with
         self._warned_placeholder_rows = False
+        self.last_route = None
 
     # -- 1. splitting -----------------------------------------------------------------------
 
@@ -118,8 +119,8 @@ class MultimodalEmbedder:
         embedded = self._images_to_embed(parts)
         for i, part in enumerate(parts):
             if part.is_image:
-                count = self._image_token_count(part, part.index in embedded)
-                part.input_ids = self._placeholder_ids(count)
+                part.layout = self._image_layout(part, part.index in embedded)
+                part.input_ids = part.layout.ids
             else:
                 part.input_ids = self._encode_memo(part.text, first=i == 0, add_bos=add_bos)
         return parts
@@ -127,30 +128,50 @@ class MultimodalEmbedder:
     def _images_to_embed(self, parts: List[PromptPart]) -> set:
         """Indices of the images that get real embeddings (the others get placeholder embeddings)."""
         indices = [part.index for part in parts if part.is_image]
-        return set(indices if self.params.get("add_all_images_to_prompt") else indices[-1:])
+        return set(indices if self.embeds_all_images() else indices[-1:])
 
-    def _image_token_count(self, part: PromptPart, embedded: bool) -> int:
-        """Placeholder tokens for an image: `num_image_embeds()`, or per image for pipelines that vary."""
+    def embeds_all_images(self) -> bool:
+        """`add_all_images_to_prompt`, or when that is unset (None) the pipeline's own choice."""
+        setting = self.params.get("add_all_images_to_prompt")
+        if setting is not None:
+            return bool(setting)
+        preferred = getattr(self.pipeline, "embeds_all_images", None)  # absent in pipelines of the original
+        return bool(preferred and preferred())
+
+    def _image_layout(self, part: PromptPart, embedded: bool) -> ImageLayout:
+        """The ids an image becomes: `num_image_embeds()` placeholders, or the pipeline's own per-image layout."""
         if not (embedded and self._varies_per_image()):
-            return int(self.pipeline.num_image_embeds())
+            return ImageLayout(self._placeholder_ids(int(self.pipeline.num_image_embeds())))
         if part.image is not None:
-            return int(self.pipeline.num_image_embeds_for(part.image))
-        key = ("image tokens", part.b64)  # the prompt is measured many times per turn: count each image once
-        count = self.text_memo.get(key)
-        if count is None:
-            image = image_for_counting(part.b64, self._max_pixels(), image_label(part.index))
-            count = int(self.pipeline.num_image_embeds_for(image))
-            self.text_memo.put(key, count, len(part.b64))
-        return count
+            return self._layout_of(part.image)
+        key = ("image layout", part.b64)  # the prompt is measured many times per turn: lay out each image once
+        layout = self.text_memo.get(key)
+        if layout is None:
+            # A count from the size needs only the header; a processor's own layout needs the pixels.
+            read = tag_b64_to_image if self._overrides("image_layout") else image_for_counting
+            layout = self._layout_of(read(part.b64, self._max_pixels(), image_label(part.index)))
+            self.text_memo.put(key, layout, tensor_nbytes(layout.ids) + len(part.b64))
+        return layout
+
+    def _layout_of(self, image) -> ImageLayout:
+        if self._overrides("image_layout"):
+            layout = self.pipeline.image_layout(image)
+            return ImageLayout(layout.ids.to(device=model_device(), dtype=torch.int64), layout.info)
+        return ImageLayout(self._placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
 
     def _varies_per_image(self) -> bool:
-        # Pipelines written for the original extension have no num_image_embeds_for at all; ours
-        # inherit the default, which only repeats num_image_embeds(). (Compared by name: tests reload modules.)
-        method = getattr(type(self.pipeline), "num_image_embeds_for", None)
-        return method is not None and method.__qualname__ != AbstractMultimodalPipeline.num_image_embeds_for.__qualname__
+        # Pipelines written for the original extension have neither method; ours inherit defaults that
+        # only repeat num_image_embeds(). (Compared by name: tests reload modules.)
+        return self._overrides("num_image_embeds_for") or self._overrides("image_layout")
+
+    def _overrides(self, method_name: str) -> bool:
+        method = getattr(type(self.pipeline), method_name, None)
+        default = getattr(AbstractMultimodalPipeline, method_name)
+        return method is not None and method.__qualname__ != default.__qualname__
 
     def _placeholder_ids(self, count: int) -> torch.Tensor:
-        return torch.full((count,), self.image_row_id(), dtype=torch.int64, device=model_device())
+        return torch.full((count,), int(self.pipeline.placeholder_token_id()), dtype=torch.int64,
+                          device=model_device())
 
     def image_row_id(self) -> int:
         """The id standing in `input_ids` for an image row: the pipeline's placeholder, unless a host
@@ -194,8 +215,8 @@ class MultimodalEmbedder:
     # -- 3. older images ------------------------------------------------------------------------
 
     def _remove_old_images(self, parts: List[PromptPart], params: dict) -> List[PromptPart]:
-        """Every image but the last gets placeholder embeddings, unless `add_all_images_to_prompt`."""
-        if params.get("add_all_images_to_prompt"):
+        """Every image but the last gets placeholder embeddings, unless every image is embedded."""
+        if self.embeds_all_images():
             return parts
         older = [part for part in parts if part.is_image][:-1]
         if not older:
@@ -234,19 +255,35 @@ class MultimodalEmbedder:
     # -- 4. embedding -----------------------------------------------------------------------------
 
     def _embed(self, parts: List[PromptPart]) -> List[PromptPart]:
-        """Embeddings for every part that has none yet: images in one batch, text in one call."""
+        """Embeddings for every part that has none yet: images in one batch, text in one call.
+
+        An image whose ids hold more than placeholders (markers, row breaks, tile tokens) gets the token
+        embeddings of its ids with its feature rows at the placeholder positions.
+        """
         with torch.inference_mode():
             self._embed_images([part for part in parts if part.is_image and part.embedding is None])
-            self._embed_text([part for part in parts if not part.is_image])
+            mixed = [part for part in parts if part.is_image and not bool(self._feature_rows(part).all())]
+            token_rows = self._embed_tokens([part for part in parts if not part.is_image] + mixed)
+            for part in parts:
+                if not part.is_image:
+                    part.embedding = token_rows[id(part)]
+            for part in mixed:
+                rows = token_rows[id(part)].clone()
+                rows[self._feature_rows(part)] = part.features.to(rows.device, rows.dtype)
+                part.embedding = rows
         return parts
 
-    def _embed_text(self, parts: List[PromptPart]) -> None:
+    def _embed_tokens(self, parts: List[PromptPart]) -> Dict[int, torch.Tensor]:
+        """`pipeline.embed_tokens` on the ids of `parts` in one call; `(n_tokens, hidden)` per part, by id(part)."""
         if not parts:
-            return
+            return {}
         rows = self.pipeline.embed_tokens(torch.cat([part.input_ids for part in parts]))
-        rows = rows[0] if rows.dim() == 3 and rows.shape[0] == 1 else rows  # (text tokens, hidden)
-        for part, embedding in zip(parts, torch.split(rows, [n_tokens(part) for part in parts])):
-            part.embedding = embedding
+        rows = rows[0] if rows.dim() == 3 and rows.shape[0] == 1 else rows  # (tokens, hidden)
+        return {id(part): embedding for part, embedding in zip(parts, torch.split(rows, [n_tokens(p) for p in parts]))}
+
+    def _feature_rows(self, part: PromptPart) -> torch.Tensor:
+        """`(n,)` bool: the positions of an image part that take feature rows."""
+        return part.input_ids == int(self.pipeline.placeholder_token_id())
 
     def _embed_images(self, parts: List[PromptPart]) -> None:
         self.last_stats.images = len(parts)
@@ -265,7 +302,7 @@ class MultimodalEmbedder:
         if misses:
             found.update(self._embed_misses(misses))
         for key, part in zip(keys, parts):
-            part.embedding = found[key]
+            part.features = part.embedding = found[key]
 
     def _embed_misses(self, misses: Dict[str, PromptPart]) -> Dict[str, torch.Tensor]:
         parts = list(misses.values())
@@ -273,7 +310,7 @@ class MultimodalEmbedder:
                   decode_image_bytes(self._image_bytes(part), self._max_pixels(), image_label(part.index))
                   for part in parts]
         output = self.pipeline.embed_images(images)
-        rows = split_image_rows(output, [n_tokens(part) for part in parts], self.pipeline.name())
+        rows = split_image_rows(output, [int(self._feature_rows(part).sum()) for part in parts], self.pipeline.name())
         fresh = {}
         for key, embedding in zip(misses, rows):
             fresh[key] = embedding
@@ -286,7 +323,11 @@ class MultimodalEmbedder:
     # -- 5. forward -----------------------------------------------------------------------------
 
     def forward(self, prompt: str, state: dict, params: dict):
-        """`(prompt, input_ids (n,), input_embeds (n, hidden), number of images kept in the prompt)`."""
+        """`(prompt, input_ids (n,), input_embeds (n, hidden), number of images kept in the prompt)`.
+
+        Image rows carry `image_row_id()` in the ids returned. How the model takes them, when it needs more
+        than the embeddings (`pipeline.generate_kwargs`), is left in `self.last_route` (else None).
+        """
         started = time.perf_counter()
         self.params = params
         self.last_stats = EmbedStats()
@@ -297,8 +338,26 @@ class MultimodalEmbedder:
             self._check_image_limit(parts, params)
             parts = self._embed(parts)
             input_ids, input_embeds = stitch(parts, self.pipeline.name())
+            self.last_route = self._route(parts, input_ids, input_embeds)
+            input_ids = self._unmaskable(parts, input_ids)
         self.last_stats.seconds = time.perf_counter() - started
         return prompt, input_ids, input_embeds, count_images(parts)
+
+    def _route(self, parts: List[PromptPart], input_ids: torch.Tensor, input_embeds: torch.Tensor):
+        if not self._overrides("generate_kwargs"):
+            return None
+        images = [part for part in parts if part.is_image]
+        return self.pipeline.generate_kwargs(input_ids[None], input_embeds[None], [part.layout for part in images],
+                                             [part.features for part in images])
+
+    def _unmaskable(self, parts: List[PromptPart], input_ids: torch.Tensor) -> torch.Tensor:
+        """`input_ids` with every image row set to `image_row_id()` (the placeholder, unless it is a pad id)."""
+        row_id = self.image_row_id()
+        if row_id == int(self.pipeline.placeholder_token_id()):
+            return input_ids
+        mask = torch.cat([self._feature_rows(part) if part.is_image else torch.zeros_like(part.input_ids, dtype=torch.bool)
+                          for part in parts]).to(input_ids.device)
+        return torch.where(mask, torch.full_like(input_ids, row_id), input_ids)
 
     def _max_pixels(self) -> int:
         return int(self.params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)

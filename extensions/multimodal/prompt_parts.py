@@ -26,6 +26,8 @@ class PromptPart:
     embedding: Optional[torch.Tensor] = None  # (n, hidden)
     b64: Optional[str] = None  # an image's base64 data
     index: Optional[int] = None  # an image's 0-based position among the prompt's images
+    layout: Optional[object] = None  # an image's ImageLayout (its ids, and what the model's route needs)
+    features: Optional[torch.Tensor] = None  # an embedded image's feature rows (rows, hidden)
 
 
 def n_tokens(part: PromptPart) -> int:

@@ -23,7 +23,9 @@ Hooks, in the order the host calls them:
   processors (text-generation-webui), adds the ban on image placeholder tokens
   (extensions/multimodal/placeholder_ban.py). This repository's host constructs the batch-level
   `logits_processors` after `setup()` instead, and this hook adds nothing.
-- `image_tag_pattern()` (this repository's host only): the tag's regex, so its chat renders the pictures.
+- `image_tag_pattern()`, `image_placeholder()` (this repository's host only): the tag's regex, so its chat
+  renders the pictures; the text the chat template writes for an image part, where the host's
+  structured rendering puts each tag.
 `image_bytes_to_tag(data)` turns image bytes into the history's tag.
 Settings `multimodal-<key>` override `params[key]` before `setup()`.
 """
@@ -99,6 +101,9 @@ IMAGE_PLACEHOLDER = "<image>"
 # This repository's host hands the pictures sent with a user message (UI upload, API image parts) to
 # extensions in this state key; the extension takes them, so the host knows they were used.
 MESSAGE_IMAGES = "message_images"
+# ...and, when a model needs more than stitched embeddings, takes from this key a function of the
+# tokens a prefix cache holds that gives generate()'s keyword arguments.
+GENERATE_KWARGS = "generate_kwargs"
 
 
 def current_placeholder_ids() -> list[int]:
@@ -119,7 +124,13 @@ def setup() -> None:
 def ui() -> None:
     from extensions.multimodal import ui as multimodal_ui
 
-    multimodal_ui.create_ui(params, hijack_picture)
+    multimodal_ui.create_ui(params, hijack_picture, embeds_all_images)
+
+
+def embeds_all_images() -> bool:
+    """Whether every image of a prompt is embedded now (the setting, else the pipeline's choice)."""
+    return multimodal_embedder.embeds_all_images() if multimodal_embedder is not None else \
+        bool(params["add_all_images_to_prompt"])
 
 
 def embedder() -> MultimodalEmbedder:
@@ -263,6 +274,10 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
     _, ids, embeds, _ = current.forward(tagged, state, params)
     stats = current.last_stats
     logger.info(f"Multimodal: embedded {stats.images} image(s) in {stats.seconds:.2f} s ({stats.from_cache} from cache)")
+    if current.last_route is not None:
+        # This repository's host builds generate()'s inputs with it (3-D positions, precomputed features);
+        # hosts without it (text-generation-webui) generate from the embeddings.
+        state[GENERATE_KWARGS] = current.last_route
     device, dtype = loaded_model.placement()
     return prompt, ids.unsqueeze(0).to(device, torch.int64), embeds.unsqueeze(0).to(device, dtype)
 
@@ -270,6 +285,14 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
 def image_tag_pattern():
     """The history tag's regex (named groups `mime`, `data`), for hosts that render it as a picture."""
     return IMAGE_TAG_RE
+
+
+def image_placeholder():
+    """The text the model's chat template writes for an image part, where the host puts each image's tag
+    when it renders structured chat messages (this repository's host); None when the pipeline names none."""
+    pipeline = multimodal_embedder.pipeline if multimodal_embedder is not None else None
+    placeholder = getattr(pipeline, "chat_template_placeholder", None)
+    return placeholder() if placeholder is not None else None
 
 
 def logits_processor_modifier(processor_list, input_ids):

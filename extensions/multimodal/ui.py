@@ -50,31 +50,31 @@ def preview(paths: list[str] | None):
     return gr.update(value=list(paths or []), visible=bool(paths))
 
 
-def create_ui(params: dict, hijack_picture: Callable[[Any], None]) -> None:
-    """Builds the image input under the chat: per-message extension input where the host has them."""
+def create_ui(params: dict, hijack_picture: Callable[[Any], None], embeds_all: Callable[[], bool]) -> None:
+    """Builds the image input under the chat: per-message extension input where the host has them.
+    `embeds_all()` says whether every image is embedded now (the checkbox's value)."""
     if "extension_inputs" in shared.gradio:
-        create_multi_image_ui(params)
+        create_multi_image_ui(params, embeds_all)
     else:
-        create_single_picture_ui(params, hijack_picture)
+        create_single_picture_ui(params, hijack_picture, embeds_all)
 
 
-def embed_all_checkbox(params: dict) -> gr.Checkbox:
+def embed_all_checkbox(params: dict, embeds_all: Callable[[], bool]) -> gr.Checkbox:
     # A callable value is read on each page load, so a new session shows the current setting.
-    checkbox = gr.Checkbox(value=lambda: bool(params["add_all_images_to_prompt"]), label=EMBED_ALL_LABEL,
-                           elem_id="multimodal-embed-all")
+    checkbox = gr.Checkbox(value=embeds_all, label=EMBED_ALL_LABEL, elem_id="multimodal-embed-all")
     checkbox.change(lambda value: params.update(add_all_images_to_prompt=bool(value)), checkbox, None,
                     queue=False, show_progress="hidden")
     return checkbox
 
 
-def create_multi_image_ui(params: dict) -> None:
+def create_multi_image_ui(params: dict, embeds_all: Callable[[], bool]) -> None:
     with gr.Column(elem_id="multimodal"):
         images = gr.File(label="Images for the next message (upload, drop, or paste)", file_count="multiple",
                          file_types=["image"], type="filepath", height=160, elem_id="multimodal-images")
         pending = gr.Gallery(label="Pending images, in order", interactive=False, visible=False, columns=8,
                              fit_columns=False, height=120, object_fit="contain", allow_preview=False,
                              elem_id="multimodal-preview")
-        embed_all = embed_all_checkbox(params)
+        embed_all = embed_all_checkbox(params, embeds_all)
         gr.HTML("", js_on_load=PASTE_JS, padding=False, elem_id="multimodal-paste")
     images.change(preview, images, pending, queue=False, show_progress="hidden")
     shared.gradio["extension_inputs"][STATE_KEY] = images
@@ -82,11 +82,12 @@ def create_multi_image_ui(params: dict) -> None:
     shared.gradio["multimodal_embed_all"] = embed_all
 
 
-def create_single_picture_ui(params: dict, hijack_picture: Callable[[Any], None]) -> None:
+def create_single_picture_ui(params: dict, hijack_picture: Callable[[Any], None],
+                             embeds_all: Callable[[], bool]) -> None:
     """The original extension's UI: one picture for the next message (text-generation-webui)."""
     with gr.Column(elem_id="multimodal"):
         picture = gr.Image(label="Send a picture", type="pil", elem_id="multimodal-picture")
-        embed_all_checkbox(params)
+        embed_all_checkbox(params, embeds_all)
     picture.upload(hijack_picture, [picture], None)
     picture.clear(lambda: hijack_picture(None), None, None)
     for name, event in (("Generate", "click"), ("textbox", "submit")):

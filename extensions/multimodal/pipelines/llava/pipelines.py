@@ -1,9 +1,9 @@
-"""The built-in LLaVA pipeline module: the names it serves and how to pick one.
+"""The built-in pipeline module for the original LLaVA releases: the names it serves and how to pick one.
 
-- Original releases (a CLIP tower plus `mm_projector` weights): llava-7b, llava-13b, llava-llama-2-13b,
-  llava-v1.5-7b, llava-v1.5-13b (`original.py`, one spec per name in `specs.py`).
-- `llava-hf`: transformers LLaVA-family models, whose tower and projector are part of the loaded model (`hf.py`).
-Classes are imported only when a pipeline is built, so listing the names costs nothing.
+Original releases (a CLIP tower plus `mm_projector` weights): llava-7b, llava-13b, llava-llama-2-13b,
+llava-v1.5-7b, llava-v1.5-13b (`original.py`, one spec per name in `specs.py`). transformers LLaVA
+models (llava-hf) are served by `pipelines/hf_auto`. Classes are imported only when a pipeline is
+built, so listing the names costs nothing.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 ORIGINAL_PIPELINES = ["llava-7b", "llava-13b", "llava-llama-2-13b", "llava-v1.5-7b", "llava-v1.5-13b"]
-available_pipelines = ORIGINAL_PIPELINES + ["llava-hf"]
+available_pipelines = list(ORIGINAL_PIPELINES)
 
 # Names of LLaVA variants the original pipelines do not serve: seeing one, the name decides nothing.
 OTHER_VARIANT_RE = re.compile(r"v?1[._-]6(?!\d)|next|onevision|interleave|video|llama-?3|mistral|phi|qwen|gemma|-hf\b")
@@ -23,10 +23,6 @@ LLAMA2_RE = re.compile(r"llama-?2(?![\d])")
 
 def get_pipeline(name: str, params: dict):
     """The pipeline called `name`, or None when this module does not provide it."""
-    if name == "llava-hf":
-        from .hf import LlavaHfPipeline
-
-        return LlavaHfPipeline(params)
     if name in ORIGINAL_PIPELINES:
         from .original import OriginalLlavaPipeline
         from .specs import get_spec
@@ -64,16 +60,12 @@ def pipeline_name_for(model_name: str, model_width: Optional[int] = None) -> Opt
 
 
 def get_pipeline_from_model_name(model_name: str, params: dict):
-    """A pipeline when the choice is certain: a loaded transformers LLaVA model gives `llava-hf`, an
-    original checkpoint's name gives its release. Otherwise None (the user names one)."""
+    """A pipeline when the choice is certain: an original checkpoint's name gives its release.
+    Otherwise None (the user names one)."""
     from modules import shared
 
     width = None
     if shared.model is not None:
-        from .hf import is_llava_hf_model
-
-        if is_llava_hf_model(shared.model):
-            return get_pipeline("llava-hf", params)
         if getattr(shared.model.config, "model_type", None) not in ("llama", "llava_llama"):
             return None  # original LLaVA releases are Llama language models
         width = getattr(shared.model.config, "hidden_size", None)

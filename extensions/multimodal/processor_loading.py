@@ -1,4 +1,5 @@
-"""A checkpoint's own processor, with or without torchvision.
+"""A checkpoint's own processor, with or without torchvision (`loaded_model.processor()` uses it when
+the host keeps no processor of its own).
 
 `load_processor(folder)` returns the processor the checkpoint ships (tokenizer, image processor, chat
 template, processor settings):

@@ -23,9 +23,9 @@ import pytest
 import torch
 from PIL import Image
 
-from extensions.multimodal.pipelines.hf_auto import processing
+from extensions.multimodal import processor_loading as processing
 from extensions.multimodal.pipelines.hf_auto.image_tokens import image_placeholder, process_images
-from extensions.multimodal.pipelines.hf_auto.processing import ProcessorLoadError, load_processor
+from extensions.multimodal.processor_loading import ProcessorLoadError, load_processor
 from tests import vlm_families
 
 # AutoProcessor.from_pretrained fails for these without torchvision (transformers 5.23).

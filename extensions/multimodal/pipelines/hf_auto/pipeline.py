@@ -1,0 +1,142 @@
+"""`TransformersPipeline`: any loaded `AutoModelForImageTextToText` checkpoint, through its own parts.
+
+The checkpoint's processor (`loaded_model.processor()`: as is, or built from its PIL parts without
+torchvision) lays out each image (`image_tokens`: every id it writes, markers and row breaks
+included) and prepares its pixels; the model's own `get_image_features` embeds them
+(`image_features`); the family's route (`routes`) says how the language model takes the prompt.
+No resize, crop or normalisation is written here. The vision tower is the loaded model's: no second
+copy. Mllama (cross-attention) and Qwen3-VL (DeepStack rows beside the features) are refused with a
+message: their images do not fit the per-image feature rows this host caches.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import torch
+from PIL import Image
+
+from extensions.multimodal import loaded_model
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout
+from extensions.multimodal.defaults import with_defaults
+from modules.logging_colors import logger
+
+from . import routes
+from .image_features import features_of
+from .image_tokens import image_placeholder, image_token_id, process_images
+
+# Submodules holding the vision tower and projector, by family (`model.model.<name>`).
+VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
+UNSUPPORTED = {"mllama": "its images enter through cross-attention, not as prompt rows",
+               "qwen3_vl": "its DeepStack rows travel beside the image features"}
+BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
+
+
+def supports(model) -> bool:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return hasattr(model, "get_image_features") and model_type in routes.ROUTES and model_type not in UNSUPPORTED
+
+
+class TransformersPipeline(AbstractMultimodalPipeline):
+    def __init__(self, params: dict, name: str = "transformers", model_types: Optional[tuple] = None):
+        params = with_defaults(params)
+        model = loaded_model.require_model()
+        model_type = getattr(model.config, "model_type", None)
+        if model_types is not None and model_type not in model_types:
+            raise ValueError(f"The '{name}' pipeline serves {', '.join(model_types)} models; the loaded model is "
+                             f"{type(model).__name__} ({model_type}). Use the 'transformers' pipeline.")
+        if not supports(model):
+            why = UNSUPPORTED.get(model_type, "it is not an image-text model this pipeline knows "
+                                              f"(known: {', '.join(sorted(set(routes.ROUTES) - set(UNSUPPORTED)))})")
+            raise ValueError(f"The '{name}' pipeline cannot serve {type(model).__name__} ({model_type}): {why}.")
+        self._name, self.model, self.processor = name, model, loaded_model.processor()
+        self.route = routes.route_for(model)
+        self.image_id = image_token_id(model)
+        blank = process_images(self.processor, [Image.new("RGB", (BLANK_SIDE, BLANK_SIDE))]).tokens[0]
+        # Plain text the processor writes around every image's special tokens (Gemma 3: "\n\n"): it
+        # belongs to the neighbouring text parts, encoded with them, as the processor tokenizes it.
+        self.before, self.after = blank.before, blank.after
+        self.tokens_per_image = int((blank.ids == self.image_id).sum())
+        self.vision_device, self.vision_dtype = self._place_vision(params)
+
+    def _place_vision(self, params: dict) -> tuple[torch.device, torch.dtype]:
+        """Move/cast the tower and projector as `vision_device` / `vision_bits` say (they run as one)."""
+        inner = self.model.model if hasattr(self.model, "model") else self.model
+        parts = [getattr(inner, name) for name in VISION_PARTS if isinstance(getattr(inner, name, None), torch.nn.Module)]
+        current = next(p for part in parts for p in part.parameters())
+        device = torch.device(params["vision_device"]) if params["vision_device"] is not None else current.device
+        dtype = current.dtype if params["vision_bits"] is None else self._get_dtype("vision_bits", params)
+        if any(not p.is_floating_point() for part in parts for p in part.parameters()):
+            logger.warning(f"{self._name}: the vision tower is quantized; vision_bits/vision_device are not applied.")
+            return current.device, current.dtype
+        if (device, dtype) != (current.device, current.dtype):
+            logger.info(f"{self._name}: vision tower and projector to {dtype} on {device}")
+            for part in parts:
+                part.to(device=device, dtype=dtype)
+        return device, dtype
+
+    # -- AbstractMultimodalPipeline ---------------------------------------------------------------
+
+    def name(self) -> str:
+        return self._name
+
+    def image_start(self) -> str:
+        return self.before
+
+    def image_end(self) -> str:
+        return self.after
+
+    def placeholder_token_id(self) -> int:
+        return self.image_id
+
+    def num_image_embeds(self) -> int:
+        """Feature rows of a square picture (the count varies per image in most families: `image_layout`)."""
+        return self.tokens_per_image
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedding = self.model.get_input_embeddings()
+        with torch.inference_mode():
+            return embedding(input_ids.to(embedding.weight.device))
+
+    def placeholder_embeddings(self) -> torch.Tensor:
+        return self.embed_tokens(torch.full((self.tokens_per_image,), self.image_id, dtype=torch.long))
+
+    def embed_images(self, images: List[Image.Image]) -> List[torch.Tensor]:
+        """`(rows, hidden)` per image, from one batched `get_image_features`, on the LM's device and dtype."""
+        if not images:
+            raise ValueError("embed_images needs at least one image, got 0")
+        rows, _ = features_of(self.model, process_images(self.processor, images))
+        device, dtype = loaded_model.placement()
+        return [r.to(device, dtype) for r in rows]
+
+    # -- Optional capabilities --------------------------------------------------------------------
+
+    def image_layout(self, image: Image.Image) -> ImageLayout:
+        processed = process_images(self.processor, [image])
+        grid = processed.inputs.get("image_grid_thw")
+        return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid} if grid is not None else {})
+
+    def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
+                        features: List[torch.Tensor]) -> Optional[Callable[[int], dict]]:
+        if self.route == routes.EMBEDS:
+            return None
+        if any(f is None for f in features):
+            raise ValueError(f"{type(self.model).__name__} needs every image of the prompt embedded (its positions "
+                             f"or its image features cover them all): set multimodal-add_all_images_to_prompt "
+                             f"to true, or leave it unset.")
+        grids = [layout.info["image_grid_thw"] for layout in layouts if "image_grid_thw" in layout.info]
+        grid = torch.cat(grids) if grids else None
+        if self.route == routes.EMBEDS_MROPE:
+            kwargs = routes.mrope_kwargs(self.model, input_ids, inputs_embeds, grid)
+            return lambda cached_length: kwargs  # covers the full prompt; generate() slices what is cached
+        return lambda cached_length: routes.features_kwargs(self.model, input_ids, features, image_grid_thw=grid,
+                                                            cached_length=cached_length)
+
+    def chat_template_placeholder(self) -> Optional[str]:
+        return image_placeholder(self.processor)
+
+    def embeds_all_images(self) -> bool:
+        return True  # the model's own processor embeds every image of a conversation
+
+    def cache_key(self) -> str:
+        return (f"{self._name}|{getattr(self.model.config, '_name_or_path', '')}"
+                f"|{self.vision_dtype}@{self.vision_device}")

@@ -1,0 +1,35 @@
+"""The built-in pipeline module for transformers image-text checkpoints (`AutoModelForImageTextToText`).
+
+- `transformers`: Qwen2-VL, Qwen2.5-VL, Gemma 3, Mistral 3, Idefics3, SmolVLM, InternVL (hf layout),
+  LLaVA-OneVision, Aya Vision, LLaVA and LLaVA-NeXT, each through its own processor, vision tower and
+  chat template (`pipeline.py`; routes per family in `routes.py`, FAMILIES.md).
+- `llava-hf`: the same pipeline for transformers LLaVA / LLaVA-NeXT models, under its earlier name.
+Picked from the loaded model: a model this pipeline serves needs no name. Classes are imported only
+when a pipeline is built, so listing the names costs nothing.
+"""
+from __future__ import annotations
+
+available_pipelines = ["transformers", "llava-hf"]
+LLAVA_HF_TYPES = ("llava", "llava_next")
+
+
+def get_pipeline(name: str, params: dict):
+    """The pipeline called `name`, or None when this module does not provide it."""
+    if name not in available_pipelines:
+        return None
+    from .pipeline import TransformersPipeline
+
+    return TransformersPipeline(params, name, LLAVA_HF_TYPES if name == "llava-hf" else None)
+
+
+def get_pipeline_from_model_name(model_name: str, params: dict):
+    """A pipeline when the loaded model is one this module serves (the model decides, not its name)."""
+    from modules import shared
+
+    if shared.model is None:
+        return None
+    from .pipeline import supports
+
+    if not supports(shared.model):
+        return None
+    return get_pipeline("llava-hf" if shared.model.config.model_type in LLAVA_HF_TYPES else "transformers", params)

@@ -1,0 +1,138 @@
+"""Every image-text family through the host, as a user's folder: token-identical to Hugging Face.
+
+Each family's tiny checkpoint (tests/vlm_families.py) is loaded as `python server.py --model DIR`
+would load it (`host_helpers.load`: the host's model loader, the multimodal extension picking the
+`transformers` pipeline by itself). A chat turn goes through the host's own chat function with the
+pictures sent as PNG bytes (`state['message_images']`, what the UI's upload and the API hand over),
+or through `/v1/chat/completions`. The reference is `model.generate(**processor(text, images))` on
+the same conversation rendered with the processor's own chat template, with Hugging Face's single-BOS
+convention (`apply_chat_template(tokenize=True)`: no second BOS when the template writes one), and the
+image token suppressed as the host's placeholder ban does (a random tiny model may well pick it).
+Scenarios: one picture; two pictures of different sizes in one message; three turns with a new
+picture on turn 3, prefix cache on and off; the same three turns through the API. Each turn first
+shows that the picture matters (another picture changes the reference reply).
+"""
+from __future__ import annotations
+
+import functools
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+from extensions.multimodal import loaded_model
+from extensions.multimodal.pipelines.hf_auto.image_tokens import image_token_id
+from modules import chat, shared
+from tests import api_helpers, host_helpers, vlm_families
+
+FAMILIES = [name for name in vlm_families.FAMILIES if name not in ("mllama", "qwen3_vl")]
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlm_host")
+    return functools.cache(lambda name: vlm_families.FAMILIES[name](root / name))
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    generator = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (max(height // 8, 1), max(width // 8, 1), 3), generator=generator, dtype=torch.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(blocks.numpy()).resize((width, height), Image.NEAREST).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def hf_reply(history: list[tuple[str, list[bytes], str | None]]) -> str:
+    """Hugging Face's greedy reply to the last user turn of `history` [(text, pictures, reply or None)]."""
+    processor = loaded_model.processor()
+    messages, images = [], []
+    for text, pictures, reply in history:
+        messages.append({"role": "user", "content": [{"type": "image"}] * len(pictures) + [{"type": "text", "text": text}]})
+        images += [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+        if reply is not None:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
+    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    bos = processor.tokenizer.bos_token
+    inputs = processor(text=prompt, images=images or None, return_tensors="pt",
+                       add_special_tokens=not (bos is not None and prompt.startswith(bos)))
+    with torch.inference_mode():
+        output = shared.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                       suppress_tokens=[image_token_id(shared.model)])
+    return processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).lstrip(" ")
+
+
+def host_reply(text: str, pictures: list[bytes], history: dict, prefix_cache: bool) -> tuple[str, dict]:
+    state = host_helpers.greedy_state(max_new_tokens=NEW_TOKENS, history=history, prefix_cache=prefix_cache,
+                                      message_images=list(pictures) or None)
+    latest = list(chat.generate_chat_reply(text, state, loading_message=False))[-1]
+    return latest["internal"][-1][1], latest
+
+
+def check(history, ours: str) -> None:
+    """The reference for `history`, shown to depend on the last turn's pictures, equals our reply."""
+    expected = hf_reply(history)
+    text, pictures, _ = history[-1]
+    # A tiny random model ignores some pictures: one of a few others must change the reference.
+    others = [[png(*Image.open(io.BytesIO(p)).size, seed=100 + k) for p in pictures] for k in range(4)]
+    assert any(hf_reply(history[:-1] + [(text, other, None)]) != expected for other in others), \
+        "no other picture changes the reference reply"
+    assert ours == expected
+
+
+@pytest.fixture
+def loaded(host, folders, request):
+    host.load(folders(request.param), ["multimodal"])
+    from extensions.multimodal import script
+
+    assert script.embedder().pipeline.name() in ("transformers", "llava-hf")
+    return request.param
+
+
+@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
+def test_one_picture(loaded):
+    picture = png(64, 48, 1)
+    reply, _ = host_reply("What is in the picture?", [picture], chat.new_history(), prefix_cache=False)
+    check([("What is in the picture?", [picture], None)], reply)
+
+
+@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
+def test_two_pictures_of_different_sizes(loaded):
+    first, second = png(64, 48, 3), png(40, 72, 4)
+    reply, _ = host_reply("Which image is larger?", [first, second], chat.new_history(), prefix_cache=False)
+    check([("Which image is larger?", [first, second], None)], reply)
+
+
+TURNS = [("What is in the picture?", (64, 48, 6)), ("And the colours?", None), ("And this one?", (48, 64, 7))]
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-cache", "prefix-cache"])
+@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
+def test_three_turns_with_a_new_picture_on_turn_three(loaded, prefix_cache):
+    history, turns = chat.new_history(), []
+    for text, size in TURNS:
+        pictures = [png(*size)] if size else []
+        reply, history = host_reply(text, pictures, history, prefix_cache)
+        turns.append((text, pictures, None))
+        if size:
+            check(turns, reply)
+        else:
+            assert reply == hf_reply(turns)
+        turns[-1] = (text, pictures, reply)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_three_turns_through_the_api(folders, name):
+    with api_helpers.serving(folders(name), ["multimodal"]) as api:
+        messages, turns = [], []
+        for text, size in TURNS:
+            pictures = [png(*size)] if size else []
+            content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(p)}} for p in pictures]
+            messages.append({"role": "user", "content": content + [{"type": "text", "text": text}]})
+            reply = api.client().chat.completions.create(model="any", messages=messages, max_tokens=NEW_TOKENS,
+                                                         temperature=0).choices[0].message.content
+            turns.append((text, pictures, None))
+            assert reply == hf_reply(turns), (name, text)
+            messages.append({"role": "assistant", "content": reply})
+            turns[-1] = (text, pictures, reply)
