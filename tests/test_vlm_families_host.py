@@ -136,3 +136,28 @@ def test_three_turns_through_the_api(folders, name):
             assert reply == hf_reply(turns), (name, text)
             messages.append({"role": "assistant", "content": reply})
             turns[-1] = (text, pictures, reply)
+
+
+@pytest.mark.parametrize("loaded", ["qwen2_5_vl", "gemma3", "llava_onevision"], indirect=True)
+def test_two_pictures_of_one_size_never_share_a_cached_prefix(loaded):
+    """The prefix cache compares embeddings, which hold each picture's features: same ids, other picture, no reuse."""
+    first, second = png(64, 48, 8), png(64, 48, 9)
+    for picture in (first, second):
+        reply, _ = host_reply("What is in the picture?", [picture], chat.new_history(), prefix_cache=True)
+        assert reply == hf_reply([("What is in the picture?", [picture], None)])
+    assert hf_reply([("What is in the picture?", [first], None)]) != hf_reply([("What is in the picture?", [second], None)])
+
+
+@pytest.mark.parametrize("loaded", ["qwen2_5_vl", "gemma3", "idefics3"], indirect=True)
+def test_an_old_turn_that_does_not_fit_goes_whole_with_its_picture(loaded):
+    """Prompt lengths count every picture's real layout, so the oldest turn is dropped whole."""
+    old, new = png(64, 48, 10), png(48, 64, 11)
+    history = host_reply("What is in the picture?", [old], chat.new_history(), prefix_cache=False)[1]
+    state = host_helpers.greedy_state(max_new_tokens=NEW_TOKENS, history=history, message_images=[new])
+    full = chat.generate_chat_prompt(chat.user_message("And this one?", dict(state))[0], state, history=history)
+    from modules.text_generation import get_encoded_length
+
+    state["truncation_length"] = get_encoded_length(full) - 1 + NEW_TOKENS  # one token short: turn 1 must go
+    latest = list(chat.generate_chat_reply("And this one?", state, loading_message=False))[-1]
+    assert state["generation_stats"]["prompt_tokens"] < get_encoded_length(full)
+    assert latest["internal"][-1][1] == hf_reply([("And this one?", [new], None)])

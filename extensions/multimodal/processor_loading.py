@@ -3,7 +3,8 @@ the host keeps no processor of its own).
 
 `load_processor(folder)` returns the processor the checkpoint ships (tokenizer, image processor, chat
 template, processor settings):
-- torchvision usable: `AutoProcessor.from_pretrained(folder)`, as is;
+- `AutoProcessor.from_pretrained(folder)`, as is, wherever it loads (with torchvision, and for the
+  families whose processor needs none: LLaVA, Gemma 3, Idefics3, Aya Vision, ...);
 - otherwise the same processor class built from the checkpoint's own parts: its PIL image processor
   (`*ImageProcessorPil`, from the folder's saved image-processor config), its tokenizer, its chat
   template and processor settings, and no video processor. Images only: video needs torchvision.
@@ -32,6 +33,8 @@ from types import ModuleType
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 from transformers.processing_utils import ProcessorMixin
 
+from modules.logging_colors import logger
+
 INSTALL_TORCHVISION = ("install torchvision built for your torch (e.g. `pip install torchvision` on a CUDA "
                        "machine), which lets the checkpoint's processor load as is")
 # Pure-Python packages some processors import; the fix is named in the error.
@@ -59,12 +62,21 @@ def torchvision_usable() -> bool:
 def load_processor(folder: str | Path, use_torchvision: bool | None = None) -> ProcessorMixin:
     """The checkpoint's processor (see the module docstring for the two routes).
 
-    `use_torchvision` None: decide by `torchvision_usable()`; False forces the PIL route (tests).
+    `use_torchvision` None: `AutoProcessor` as is when it loads here (with torchvision, or for the
+    families whose processors need none), else the parts route; False forces the parts route (tests).
     """
     folder = Path(folder)
-    if use_torchvision if use_torchvision is not None else torchvision_usable():
+    if use_torchvision is False:
+        return processor_from_parts(folder)
+    try:
         return AutoProcessor.from_pretrained(folder)
-    return processor_from_parts(folder)
+    except (OSError, ImportError, ValueError, TypeError, AttributeError) as error:
+        if use_torchvision or torchvision_usable():
+            raise
+        first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        logger.info(f"Multimodal: AutoProcessor does not load without torchvision ({type(error).__name__}: "
+                    f"{first_line}); building it from the checkpoint's PIL parts")
+        return processor_from_parts(folder)
 
 
 def processor_from_parts(folder: Path) -> ProcessorMixin:

@@ -29,11 +29,23 @@ VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector
 UNSUPPORTED = {"mllama": "its images enter through cross-attention, not as prompt rows",
                "qwen3_vl": "its DeepStack rows travel beside the image features"}
 BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
+# The processor's replacement offsets and `generate(mm_encoder_outputs=...)` this pipeline builds on.
+MIN_TRANSFORMERS = (5, 23)
 
 
 def supports(model) -> bool:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     return hasattr(model, "get_image_features") and model_type in routes.ROUTES and model_type not in UNSUPPORTED
+
+
+def check_transformers(name: str) -> None:
+    import transformers
+
+    found = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    if found < MIN_TRANSFORMERS:
+        raise ValueError(f"The '{name}' pipeline needs transformers {'.'.join(map(str, MIN_TRANSFORMERS))} or newer "
+                         f"(the processor's replacement offsets, pre-encoded image features); this environment has "
+                         f"{transformers.__version__}. Upgrade transformers: pip install -U 'transformers>=5.23'.")
 
 
 class TransformersPipeline(AbstractMultimodalPipeline):
@@ -48,6 +60,7 @@ class TransformersPipeline(AbstractMultimodalPipeline):
             why = UNSUPPORTED.get(model_type, "it is not an image-text model this pipeline knows "
                                               f"(known: {', '.join(sorted(set(routes.ROUTES) - set(UNSUPPORTED)))})")
             raise ValueError(f"The '{name}' pipeline cannot serve {type(model).__name__} ({model_type}): {why}.")
+        check_transformers(name)
         self._name, self.model, self.processor = name, model, loaded_model.processor()
         self.route = routes.route_for(model)
         self.image_id = image_token_id(model)
