@@ -55,9 +55,11 @@ def is_image_text_config(config: dict[str, Any]) -> bool:
 
 
 def pick_dtype() -> torch.dtype:
+    """CUDA: float16, or bfloat16 with --bf16. CPU: float32, or bfloat16 with --bf16 (CPUs with AVX-512 BF16 /
+    AMX multiply it about twice as fast; float16 has no fast path on CPUs)."""
     if use_cuda():
         return torch.bfloat16 if shared.args.bf16 else torch.float16
-    return torch.float32
+    return torch.bfloat16 if shared.args.bf16 else torch.float32
 
 
 def use_cuda() -> bool:

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--model", type=str, help="Model folder name under --model-dir, or a path to one.")
     group.add_argument("--model-dir", type=str, default="models/", help="Where model folders live (default: models/).")
     group.add_argument("--cpu", action="store_true", help="Load and run on the CPU even when CUDA is present.")
-    group.add_argument("--bf16", action="store_true", help="Load in bfloat16 instead of float16 on CUDA.")
+    group.add_argument("--bf16", action="store_true", help="Load in bfloat16: instead of float16 on CUDA, instead of float32 on the CPU.")
     group.add_argument("--load-in-8bit", action="store_true", help="8-bit weights through bitsandbytes (CUDA only).")
     group.add_argument("--load-in-4bit", action="store_true", help="4-bit weights through bitsandbytes (CUDA only).")
     group.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the model folder.")

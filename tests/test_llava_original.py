@@ -109,14 +109,13 @@ def test_sixteen_bit_weights_run_and_stay_close(original, bits):
     full = llava_pipelines().get_pipeline("llava-v1.5-7b", {}).embed_images(IMAGES)
     half = llava_pipelines().get_pipeline("llava-v1.5-7b", {"vision_bits": bits, "projector_bits": bits,
                                                              "vision_device": "cpu", "projector_device": "cpu"})
-    dtype = torch.float16 if bits == 16 else torch.bfloat16
+    dtype = torch.bfloat16  # 16 on the CPU means bfloat16: a CPU has no fast float16
     assert {p.dtype for p in half.vision_tower.parameters()} == {dtype}
     assert {p.dtype for p in half.projector.parameters()} == {dtype}
     assert {p.device.type for p in half.projector.parameters()} == {"cpu"}
     embeds = half.embed_images(IMAGES)
     assert embeds.dtype == shared.model.dtype  # handed to the LM in its own dtype
-    tolerance = 0.02 if bits == 16 else 0.06
-    assert (embeds - full).abs().max() < tolerance * full.abs().max()
+    assert (embeds - full).abs().max() < 0.06 * full.abs().max()
 
 
 @pytest.mark.parametrize("suffix", [".bin", ".safetensors"])

@@ -132,12 +132,13 @@ class AbstractMultimodalPipeline(ABC):
             return torch.device('cpu')
         return torch.device(params[setting_name])
 
-    def _get_dtype(self, setting_name: str, params: dict):
+    def _get_dtype(self, setting_name: str, params: dict, device: Optional[torch.device] = None):
+        """A `*_bits` param as a dtype. 16 on a CPU `device` means bfloat16: CPUs have no fast float16."""
         value = params[setting_name]
         if value in (32, '32', 'fp32', 'float32'):
             return torch.float32
         if value in (16, '16', 'fp16', 'float16'):
-            return torch.float16
+            return torch.bfloat16 if device is not None and torch.device(device).type == "cpu" else torch.float16
         if value in ('bf16', 'bfloat16'):
             return torch.bfloat16
         raise ValueError(f"{setting_name}={value!r}: expected 32, 16 or 'bf16'")

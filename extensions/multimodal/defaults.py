@@ -16,12 +16,13 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "add_all_images_to_prompt": None,
     # device to run the vision encoder on (None: the language model's device)
     "vision_device": None,
-    # bits to load the vision encoder in: 32, 16 or 'bf16'
-    "vision_bits": 32,
+    # the vision encoder's precision: 32, 16 (bfloat16 on a CPU: it has no fast float16) or 'bf16';
+    # None: the language model's (a transformers model's tower stays as loaded, as Hugging Face runs it)
+    "vision_bits": None,
     # device to run the multimodal projector on
     "projector_device": None,
-    # bits to load the projector in: 32, 16 or 'bf16'
-    "projector_bits": 32,
+    # the projector's precision, likewise
+    "projector_bits": None,
     # how the history stores pictures: "exact" (JPEG and PNG bytes as sent, others as lossless PNG: the model
     # sees exactly the picture sent) or "jpeg" (re-encoded at quality 90, the longest side capped: small histories)
     "history_image_format": "exact",

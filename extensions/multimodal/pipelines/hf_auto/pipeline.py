@@ -77,7 +77,7 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         parts = [getattr(inner, name) for name in VISION_PARTS if isinstance(getattr(inner, name, None), torch.nn.Module)]
         current = next(p for part in parts for p in part.parameters())
         device = torch.device(params["vision_device"]) if params["vision_device"] is not None else current.device
-        dtype = current.dtype if params["vision_bits"] is None else self._get_dtype("vision_bits", params)
+        dtype = current.dtype if params["vision_bits"] is None else self._get_dtype("vision_bits", params, device)
         if any(not p.is_floating_point() for part in parts for p in part.parameters()):
             logger.warning(f"{self._name}: the vision tower is quantized; vision_bits/vision_device are not applied.")
             return current.device, current.dtype

@@ -64,9 +64,9 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
         params = with_defaults(params)
         self.spec = spec
         self.vision_device = common.device_or_model(params["vision_device"])
-        self.vision_dtype = self._dtype_or_model("vision_bits", params)
+        self.vision_dtype = self._dtype_or_model("vision_bits", params, self.vision_device)
         self.projector_device = common.device_or_model(params["projector_device"])
-        self.projector_dtype = self._dtype_or_model("projector_bits", params)
+        self.projector_dtype = self._dtype_or_model("projector_bits", params, self.projector_device)
         folder = loaded_model.model_folder()
         self.vision_source = weights.vision_source(spec, common.model_config_dict(), params["vision_tower"])
         logger.info(f"{spec.name}: CLIP from {self.vision_source} ({self.vision_dtype}, {self.vision_device})")
@@ -81,9 +81,11 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
         self.pad_fill = tuple(int(x * 255) for x in self.image_processor.image_mean)
         self.placeholder_id = self._resolve_placeholder_id()
 
-    def _dtype_or_model(self, setting_name: str, params: dict) -> torch.dtype:
-        """A `*_bits` param as a dtype; None means the LM's own dtype."""
-        return common.model_placement()[1] if params[setting_name] is None else self._get_dtype(setting_name, params)
+    def _dtype_or_model(self, setting_name: str, params: dict, device: torch.device) -> torch.dtype:
+        """A `*_bits` param as a dtype (16 on the CPU: bfloat16); None means the LM's own dtype."""
+        if params[setting_name] is None:
+            return common.model_placement()[1]
+        return self._get_dtype(setting_name, params, device)
 
     def _check_shapes(self) -> None:
         layers = linear_layers(self.projector)
