@@ -1,24 +1,41 @@
-"""Five-turn image chat: Hugging Face `generate(pixel_values=...)` vs our host, caches off and on.
+"""Five-turn image chat: Hugging Face `generate(pixel_values=...)` vs our host, side by side in one run.
 
-Builds a mid-size random llava-hf model (CLIP-B/16-shaped tower at 224 px, a ~110M-parameter Llama),
-then runs a 5-turn chat with a new image on turns 1 and 3 and measures the time to first token per turn:
+Builds a random llava-hf model and runs a 5-turn chat with a new picture on turns 1 and 3, measuring
+per turn the time to first token (TTFT), decode speed and the vision tower's calls:
   (a) Hugging Face: `model.generate(**processor(whole conversation, all images))`;
-  (b) our host with the image-embedding cache, the text memo and prefix KV reuse off;
+  (b) our host with the image-embedding cache, the text memo and prefix KV reuse off (small size only);
   (c) our host with them on;
+  (o) our host in the other dtype (`--size real`): bf16 against fp32 on the same weights;
   limit: a bare forward of only the new images and new tokens on the same model.
-All three embed every image in the conversation (add_all_images_to_prompt) so their greedy tokens must
-be identical. Prints a table and ends with one JSON line. `--device cuda` and larger sizes for GPUs.
+Every column embeds every picture (as Hugging Face does), so greedy tokens must be identical.
 
-    python bench/multiturn.py            # ~4 minutes on 2 CPU cores (5 interleaved repeats, medians)
+Sizes (`--size`):
+  small (default): a CLIP-B/16-shaped tower at 224 px, a ~110M-parameter Llama (the earlier benchmark);
+  real: LLaVA-1.5-7B's interface: a CLIP ViT-L/14-336 tower with all 24 layers (576 rows per picture),
+        the 1024 -> 4096 -> 4096 projector, a Llama of width 4096 (vocabulary 32064) with `--text-layers`
+        layers (default 2, so it fits a small machine; each adds ~200M parameters).
+`--dtype fp32|bf16` is the dtype of columns (a)-(c) (on the CPU: `--bf16`, as a user would start it).
+
+Prints a table and writes it to `--json-out` (default bench/out/multiturn-<size>-<dtype>.json); the last
+line printed is one JSON object: turn1_ttft_ratio_vs_hf, turn5_ttft_ratio_vs_hf, turn5_ttft_ratio_vs_limit,
+history_image_vision_calls, tokens_identical (+ bf16_prefill_ratio_vs_fp32, decode_tps_ratio_vs_hf,
+peak_rss_gb for --size real).
+
+    python bench/multiturn.py                          # ~4 minutes on 2 CPU cores (5 interleaved repeats)
+    python bench/multiturn.py --size real --dtype bf16 # ~10 minutes on 2 CPU cores (2 repeats)
+    python bench/multiturn.py --size real --dtype bf16 --device cuda --text-layers 32   # a GPU
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import resource
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,57 +52,138 @@ QUESTIONS = ["Describe the image.", "What colour is the shape?", "And this one?"
 IMAGE_TURNS = {0: "red", 2: "blue"}
 
 
+@dataclass(frozen=True)
+class Size:
+    """A benchmark model's shape: the vision tower, the language model, the defaults that fit it."""
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    image_size: int
+    patch_size: int
+    text_hidden: int
+    text_intermediate: int
+    text_heads: int
+    text_kv_heads: int
+    vocab: int  # 0: the tokenizer's own
+    vision_layers: int
+    text_layers: int
+    repeats: int
+    max_new_tokens: int
+
+
+SIZES = {
+    "small": Size(768, 3072, 12, 224, 16, 768, 2048, 12, 4, 0, vision_layers=12, text_layers=17, repeats=5,
+                  max_new_tokens=24),
+    "real": Size(1024, 4096, 16, 336, 14, 4096, 11008, 32, 32, 32064, vision_layers=24, text_layers=2, repeats=2,
+                 max_new_tokens=16),
+}
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=list(SIZES), default="small")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--text-hidden", type=int, default=768)
-    parser.add_argument("--text-layers", type=int, default=17)
-    parser.add_argument("--vision-layers", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--text-layers", type=int, default=None)
+    parser.add_argument("--vision-layers", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="runs per column; the table shows medians")
     parser.add_argument("--model-dir", type=str, default=None, help="reuse a model folder built earlier")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per configuration; the table shows medians")
-    return parser.parse_args()
+    parser.add_argument("--json-out", type=str, default=None)
+    args = parser.parse_args()
+    size = SIZES[args.size]
+    for name in ("text_layers", "vision_layers", "max_new_tokens", "repeats"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(size, name))
+    args.json_out = args.json_out or str(ROOT / "bench" / "out" / f"multiturn-{args.size}-{args.dtype}.json")
+    return args
+
+
+# -- The model -----------------------------------------------------------------------------------------
+
+def build_tokenizer(vocab: int):
+    """The tests' BPE tokenizer, grown to `vocab` ids with plain added words, so every id decodes to text."""
+    tokenizer = tiny_models.build_tokenizer()
+    if vocab > len(tokenizer):
+        tokenizer.add_tokens([f" w{i}" for i in range(vocab - len(tokenizer))])
+    return tokenizer
 
 
 def build_model(path: Path, args) -> Path:
     from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor)
 
-    tokenizer = tiny_models.build_tokenizer()
-    vision = CLIPVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=args.vision_layers,
-                              num_attention_heads=12, image_size=224, patch_size=16, projection_dim=512)
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.text_hidden, intermediate_size=args.text_hidden * 8 // 3,
-                       num_hidden_layers=args.text_layers, num_attention_heads=12, num_key_value_heads=4,
+    size = SIZES[args.size]
+    tokenizer = build_tokenizer(size.vocab)
+    rows = (size.image_size // size.patch_size) ** 2
+    vision = CLIPVisionConfig(hidden_size=size.vision_hidden, intermediate_size=size.vision_intermediate,
+                              num_hidden_layers=args.vision_layers, num_attention_heads=size.vision_heads,
+                              image_size=size.image_size, patch_size=size.patch_size, projection_dim=768)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=size.text_hidden,
+                       intermediate_size=size.text_intermediate, num_hidden_layers=args.text_layers,
+                       num_attention_heads=size.text_heads, num_key_value_heads=size.text_kv_heads,
                        max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_seq_length=196,
+    config = LlavaConfig(vision_config=vision, text_config=text, image_seq_length=rows,
                          image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config).eval()
     model.save_pretrained(path)
-    processor = LlavaProcessor(image_processor=tiny_models.image_processor(224), tokenizer=tokenizer, patch_size=16,
-                               vision_feature_select_strategy="default", chat_template=tiny_models.CHAT_TEMPLATE,
-                               num_additional_image_tokens=1)
+    processor = LlavaProcessor(image_processor=tiny_models.image_processor(size.image_size), tokenizer=tokenizer,
+                               patch_size=size.patch_size, vision_feature_select_strategy="default",
+                               chat_template=tiny_models.CHAT_TEMPLATE, num_additional_image_tokens=1)
     processor.save_pretrained(path)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     lm = sum(p.numel() for p in model.model.language_model.parameters()) / 1e6
-    print(f"model: {params:.0f}M parameters ({lm:.0f}M language model), saved to {path}")
+    print(f"model: {params:.0f}M parameters ({lm:.0f}M language model, {rows} rows per picture), saved to {path}")
     return path
 
 
-def picture(colour: str) -> Image.Image:
-    image = Image.new("RGB", (320, 240), "white")
-    ImageDraw.Draw(image).ellipse((80, 40, 240, 200), fill=colour)
+def picture(colour: str, size: int) -> Image.Image:
+    image = Image.new("RGB", (size * 4 // 3, size), "white")
+    ImageDraw.Draw(image).ellipse((size // 4, size // 6, size, size * 5 // 6), fill=colour)
     return image
 
 
-def load_host(model_dir: Path, device: str) -> None:
-    argv = ["--model", str(model_dir), "--multimodal-pipeline", "llava-hf"] + (["--cpu"] if device == "cpu" else [])
-    shared.args = shared.parse_args(argv)
+def png_bytes(image: Image.Image) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def rss_gb() -> float:
+    """This process's peak resident memory so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+
+
+def load_host(model_dir: Path, args, dtype: str) -> dict:
+    """The model as `server.py --model DIR [--bf16]` loads it; the memory the extension adds, measured."""
+    from extensions.multimodal.pipelines.hf_auto.pipeline import VISION_PARTS
+
+    argv = ["--model", str(model_dir), "--multimodal-pipeline", "llava-hf"] + (["--cpu"] if args.device == "cpu" else [])
+    shared.args = shared.parse_args(argv + (["--bf16"] if dtype == "bf16" else []))
+    extensions.reset()  # a second load (the other dtype) starts from scratch: no model held twice
+    for name in [m for m in sys.modules if m.startswith("extensions.multimodal")]:
+        del sys.modules[name]
+    prefix_cache.clear()
+    shared.model = shared.tokenizer = None
+    gc.collect()
     shared.model, shared.tokenizer = models.load_model(str(model_dir))
     shared.model_name = model_dir.name
     shared.settings["multimodal-add_all_images_to_prompt"] = True
+    bare = current_rss_gb()
     extensions.load_extensions()
+    inner = shared.model.model
+    tower_bytes = sum(p.numel() * p.element_size() for name in VISION_PARTS if hasattr(inner, name)
+                      for p in getattr(inner, name).parameters())
+    return {"rss_bare_gb": bare, "rss_with_extension_gb": current_rss_gb(), "tower_gb": tower_bytes / 2**30}
+
+
+def current_rss_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**30
 
 
 def multimodal():
@@ -98,7 +196,7 @@ def set_caches(on: bool) -> None:
     from extensions.multimodal.embedding_cache import BoundedLRU, megabytes
 
     embedder = multimodal().embedder()
-    embedder.cache = BoundedLRU(megabytes(256) if on else 0)
+    embedder.cache = BoundedLRU(megabytes(2048) if on else 0)
     embedder.text_memo = BoundedLRU(multimodal_embedder.TEXT_MEMO_BYTES if on else 0)
     prefix_cache.clear()
     shared.settings["prefix_cache"] = on
@@ -109,55 +207,46 @@ class VisionCounter:
 
     def __init__(self, model):
         self.images = 0
-        model.model.vision_tower.register_forward_hook(self.hook)
+        self.handle = model.model.vision_tower.register_forward_hook(self.hook)
 
     def hook(self, module, inputs, output):
         pixel_values = inputs[0] if inputs else None
         self.images += int(pixel_values.shape[0]) if pixel_values is not None else 0
 
 
-def host_turn(history: dict, text: str, args) -> tuple[float, dict, str]:
+# -- The columns ---------------------------------------------------------------------------------------
+
+def host_turn(history: dict, text: str, images: list, args) -> tuple[float, float, dict, str]:
+    """(TTFT, decode tokens/s, history, reply) for one turn through the host's chat."""
     state = dict(shared.settings)
-    state.update(do_sample=False, max_new_tokens=args.max_new_tokens, ban_eos_token=True, seed=0, history=history)
+    state.update(do_sample=False, max_new_tokens=args.max_new_tokens, ban_eos_token=True, seed=0, history=history,
+                 message_images=images or None)
     started = time.perf_counter()
-    ttft = None
+    ttft = last = None
     latest = history
     for latest in chat.generate_chat_reply(text, state, loading_message=False):
+        last = time.perf_counter()
         if ttft is None:  # the first yield carries the first generated token
-            ttft = time.perf_counter() - started
-    return ttft, latest, latest["internal"][-1][1]
-
-
-def user_message(turn: int, history_images: list) -> str:
-    if turn in IMAGE_TURNS:
-        tag = multimodal().image_bytes_to_tag(jpeg_bytes(picture(IMAGE_TURNS[turn])))
-        history_images.append(tag)
-        return f"{tag}{QUESTIONS[turn]}"
-    return QUESTIONS[turn]
-
-
-def jpeg_bytes(image: Image.Image) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
+            ttft = last - started
+    tokens = state["generation_stats"]["completion_tokens"]
+    return ttft, (tokens - 1) / max(last - started - ttft, 1e-9), latest, latest["internal"][-1][1]
 
 
 def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
     set_caches(caches)
+    side = SIZES[args.size].image_size
     history = chat.new_history()
-    tags: list = []
-    result = {"ttft": [], "replies": [], "vision_images": [], "reused": []}
+    result = {"ttft": [], "tps": [], "replies": [], "vision_images": [], "reused": []}
     for turn in range(len(QUESTIONS)):
         before = counter.images
         reused_before = prefix_cache.stats["reused_tokens"]
-        ttft, history, reply = host_turn(history, user_message(turn, tags), args)
+        images = [png_bytes(picture(IMAGE_TURNS[turn], side))] if turn in IMAGE_TURNS else []
+        ttft, tps, history, reply = host_turn(history, QUESTIONS[turn], images, args)
         result["reused"].append(prefix_cache.stats["reused_tokens"] - reused_before)
-        result["ttft"].append(ttft)
-        result["replies"].append(reply)
-        result["vision_images"].append(counter.images - before)
-        print(f"  ({label}) turn {turn + 1}: ttft {ttft * 1000:8.1f} ms, vision images {counter.images - before}")
+        for key, value in (("ttft", ttft), ("tps", tps), ("replies", reply), ("vision_images", counter.images - before)):
+            result[key].append(value)
+        print(f"  ({label}) turn {turn + 1}: ttft {ttft * 1000:8.1f} ms, {tps:6.1f} tokens/s, "
+              f"vision images {counter.images - before}")
     result["history"] = history
     return result
 
@@ -179,35 +268,43 @@ def hf_conversation(history: dict, upto: int) -> tuple[str, list]:
     return prompt, images
 
 
-class FirstTokenTimer:
+class TokenTimer:
+    """A streamer that notes when the first and the last generated token arrive."""
+
     def __init__(self):
-        self.first = None
+        self.first = self.last = None
         self.calls = 0
 
     def put(self, value):
-        self.calls += 1
-        if self.calls == 2 and self.first is None:
-            self.first = time.perf_counter()
+        self.calls += 1  # the first call carries the prompt
+        if self.calls >= 2:
+            self.last = time.perf_counter()
+            self.first = self.first or self.last
 
     def end(self):
         pass
 
 
 def run_hf(args, history: dict) -> dict:
-    result = {"ttft": [], "replies": []}
+    result = {"ttft": [], "tps": [], "replies": []}
     for turn in range(len(QUESTIONS)):
         prompt, images = hf_conversation(history, turn)
         started = time.perf_counter()
         inputs = shared.processor(text=prompt, images=images or None, return_tensors="pt").to(args.device)
-        timer = FirstTokenTimer()
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(shared.model.dtype)
+        timer = TokenTimer()
         with torch.inference_mode():
             out = shared.model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                        suppress_tokens=[shared.tokenizer.eos_token_id], streamer=timer,
-                                        pad_token_id=shared.tokenizer.pad_token_id)
+                                        suppress_tokens=[shared.tokenizer.eos_token_id,
+                                                         shared.model.config.image_token_id],
+                                        streamer=timer, pad_token_id=shared.tokenizer.pad_token_id)
+        new = out.shape[1] - inputs["input_ids"].shape[1]
         result["ttft"].append(timer.first - started)
+        result["tps"].append((new - 1) / max(timer.last - timer.first, 1e-9))
         reply = shared.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
         result["replies"].append(reply.lstrip(" "))
-        print(f"  (a) turn {turn + 1}: ttft {result['ttft'][-1] * 1000:8.1f} ms")
+        print(f"  (a) turn {turn + 1}: ttft {result['ttft'][-1] * 1000:8.1f} ms, {result['tps'][-1]:6.1f} tokens/s")
     return result
 
 
@@ -229,7 +326,7 @@ def run_limit(args, history: dict, reused: list[int]) -> list[float]:
             started = time.perf_counter()
             if new_images:
                 pixels = shared.processor.image_processor(new_images, return_tensors="pt")["pixel_values"]
-                shared.model.get_image_features(pixel_values=pixels.to(args.device))
+                shared.model.get_image_features(pixel_values=pixels.to(args.device, shared.model.dtype))
             shared.model(inputs_embeds=embeds[:, previous_len:], past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
             times.append(time.perf_counter() - started)
@@ -249,32 +346,6 @@ def multimodal_tags(text: str) -> list[str]:
     return tag_payloads(text)
 
 
-def main() -> None:
-    args = parse_args()
-    torch.set_grad_enabled(False)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(args.model_dir) if args.model_dir else build_model(Path(tmp) / "bench-llava", args)
-        load_host(model_dir, args.device)
-        counter = VisionCounter(shared.model)
-        print("warm-up")
-        run_host(args, "warm-up", True, counter)
-        runs: dict[str, list] = {"a": [], "b": [], "c": [], "limit": []}
-        for repeat in range(args.repeats):  # interleaved, order flipped each time: noise hits every column alike
-            print(f"-- repeat {repeat + 1}/{args.repeats}")
-            for column in (("b", "c", "a") if repeat % 2 == 0 else ("a", "c", "b")):
-                runs[column].append(run_column(column, args, counter, runs))
-            limit = on_compute_thread(run_limit, args, runs["c"][0]["history"], runs["c"][-1]["reused"])
-            runs["limit"].append({"ttft": limit})
-    report(*(median_run(runs[k]) for k in ("a", "b", "c")), median_run(runs["limit"])["ttft"],
-           all_replies=[r["replies"] for k in ("a", "b", "c") for r in runs[k]])
-
-
-def run_column(column: str, args, counter: VisionCounter, runs: dict) -> dict:
-    if column == "a":  # Hugging Face replays the conversation (c) had, so all columns see the same text
-        return on_compute_thread(run_hf, args, runs["c"][0]["history"])
-    return run_host(args, column, column == "c", counter)
-
-
 def on_compute_thread(fn, *args):
     """Runs (a) and the limit on the thread where the host runs all model compute, so every column
     gets the same warm OpenMP team (a thread's first torch calls are slower on a small CPU)."""
@@ -282,29 +353,111 @@ def on_compute_thread(fn, *args):
 
 
 def median_run(results: list[dict]) -> dict:
-    """The first run, with each turn's TTFT replaced by the median over the runs."""
+    """The first run, with each turn's TTFT and tokens/s replaced by the median over the runs."""
     merged = dict(results[0])
-    merged["ttft"] = [statistics.median(r["ttft"][t] for r in results) for t in range(len(results[0]["ttft"]))]
+    for key in ("ttft", "tps"):
+        if key in merged:
+            merged[key] = [statistics.median(r[key][t] for r in results) for t in range(len(results[0][key]))]
     return merged
 
 
-def report(hf: dict, off: dict, on: dict, limit: list[float], all_replies: list[list[str]]) -> None:
-    print(f"\n{'turn':>4} {'(a) HF ms':>10} {'(b) off ms':>11} {'(c) on ms':>10} {'limit ms':>9} {'c/a':>6} {'c/limit':>8}")
+# -- A run ---------------------------------------------------------------------------------------------
+
+def measure(model_dir: Path, args, dtype: str, columns: tuple) -> tuple[dict, dict]:
+    """Load the model in `dtype`, warm up, then `args.repeats` interleaved runs of `columns`; medians."""
+    memory = load_host(model_dir, args, dtype)
+    counter = VisionCounter(shared.model)
+    print(f"[{dtype}] warm-up")
+    run_host(args, f"{dtype} warm-up", True, counter)
+    runs: dict[str, list] = {column: [] for column in columns}
+    order = [column for column in columns if column != "limit"]  # (c) comes before (a): (a) replays its chat
+    for repeat in range(args.repeats):  # interleaved, order flipped each time: noise hits every column alike
+        print(f"-- [{dtype}] repeat {repeat + 1}/{args.repeats}")
+        for column in (order if repeat % 2 == 0 else order[::-1]):
+            if column == "a":
+                runs["a"].append(on_compute_thread(run_hf, args, runs["c"][0]["history"]))
+            else:
+                runs[column].append(run_host(args, column, column != "b", counter))
+        if "limit" in runs:
+            runs["limit"].append({"ttft": on_compute_thread(run_limit, args, runs["c"][0]["history"],
+                                                           runs["c"][-1]["reused"])})
+    counter.handle.remove()
+    memory["peak_rss_gb"] = rss_gb()
+    return {column: median_run(results) for column, results in runs.items()}, memory
+
+
+def report(args, main: dict, other: dict | None, memory: dict) -> dict:
+    hf, on, limit = main["a"], main["c"], main["limit"]["ttft"]
+    rows = []
+    off = main.get("b")
+    print(f"\n{'turn':>4} {'(a) HF ms':>10}" + (f" {'(b) off ms':>11}" if off else "") +
+          f" {'(c) ours ms':>12} {'limit ms':>9} {'c/a':>6} {'c/limit':>8} {'HF tok/s':>9} {'ours tok/s':>11}" +
+          (f" {'(o) other ms':>13} {'bf16/fp32':>10}" if other else ""))
     for t in range(len(QUESTIONS)):
-        print(f"{t + 1:>4} {hf['ttft'][t] * 1e3:>10.1f} {off['ttft'][t] * 1e3:>11.1f} {on['ttft'][t] * 1e3:>10.1f} "
-              f"{limit[t] * 1e3:>9.1f} {on['ttft'][t] / hf['ttft'][t]:>6.2f} {on['ttft'][t] / limit[t]:>8.2f}")
-    identical = all(replies == all_replies[0] for replies in all_replies)
+        row = {"turn": t + 1, "hf_ttft_ms": hf["ttft"][t] * 1e3, "ours_ttft_ms": on["ttft"][t] * 1e3,
+               "limit_ms": limit[t] * 1e3, "ours_vs_hf": on["ttft"][t] / hf["ttft"][t],
+               "ours_vs_limit": on["ttft"][t] / limit[t], "hf_decode_tps": hf["tps"][t], "ours_decode_tps": on["tps"][t],
+               "vision_images": on["vision_images"][t]}
+        if off:
+            row["off_ttft_ms"] = off["ttft"][t] * 1e3
+        line = (f"{t + 1:>4} {row['hf_ttft_ms']:>10.1f}" + (f" {row['off_ttft_ms']:>11.1f}" if off else "") +
+                f" {row['ours_ttft_ms']:>12.1f} {row['limit_ms']:>9.1f} "
+                f"{row['ours_vs_hf']:>6.2f} {row['ours_vs_limit']:>8.2f} {row['hf_decode_tps']:>9.1f} "
+                f"{row['ours_decode_tps']:>11.1f}")
+        if other:
+            bf16, fp32 = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)
+            row.update(other_ttft_ms=other["c"]["ttft"][t] * 1e3, other_decode_tps=other["c"]["tps"][t],
+                       bf16_vs_fp32=bf16["ttft"][t] / fp32["ttft"][t])
+            line += f" {row['other_ttft_ms']:>13.1f} {row['bf16_vs_fp32']:>10.2f}"
+        rows.append(row)
+        print(line)
+    replies = [main[k]["replies"] for k in main if "replies" in main[k]]
+    identical = all(r == replies[0] for r in replies)
     if not identical:
         for t in range(len(QUESTIONS)):
-            print(f"turn {t + 1}: a={hf['replies'][t]!r}\n        b={off['replies'][t]!r}\n        c={on['replies'][t]!r}")
-    history_calls = sum(on["vision_images"]) - len(IMAGE_TURNS)
-    print(json.dumps({
+            print(f"turn {t + 1}: " + " | ".join(f"{k}={main[k]['replies'][t]!r}" for k in main if "replies" in main[k]))
+    summary = {
         "turn1_ttft_ratio_vs_hf": round(on["ttft"][0] / hf["ttft"][0], 3),
         "turn5_ttft_ratio_vs_hf": round(on["ttft"][4] / hf["ttft"][4], 3),
         "turn5_ttft_ratio_vs_limit": round(on["ttft"][4] / limit[4], 3),
-        "history_image_vision_calls": history_calls,
+        "history_image_vision_calls": sum(on["vision_images"]) - len(IMAGE_TURNS),
         "tokens_identical": identical,
-    }))
+    }
+    if other:
+        bf16, fp32 = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)
+        summary["bf16_prefill_ratio_vs_fp32"] = round(bf16["ttft"][0] / fp32["ttft"][0], 3)
+        summary["decode_tps_ratio_vs_hf"] = round(statistics.median(on["tps"]) / statistics.median(hf["tps"]), 3)
+        summary["bf16_decode_tps_ratio_vs_fp32"] = round(statistics.median(bf16["tps"]) / statistics.median(fp32["tps"]), 3)
+        summary["peak_rss_gb"] = round(memory["peak_rss_gb"], 2)
+        summary["extension_rss_overhead"] = round(memory["rss_with_extension_gb"] / memory["rss_bare_gb"] - 1, 4)
+    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_out).write_text(json.dumps({"args": vars(args), "device": device_name(args), "turns": rows,
+                                               "memory": memory, "summary": summary}, indent=2))
+    print(f"table written to {args.json_out}")
+    return summary
+
+
+def device_name(args) -> str:
+    if args.device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_grad_enabled(False)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(args.model_dir) if args.model_dir else build_model(Path(tmp) / "bench-llava", args)
+        columns = ("c", "a", "limit") if args.size == "real" else ("b", "c", "a", "limit")
+        main_runs, memory = measure(model_dir, args, args.dtype, columns)
+        other = None
+        if args.size == "real":  # the same weights in the other dtype, our host only
+            other_dtype = "fp32" if args.dtype == "bf16" else "bf16"
+            other, other_memory = measure(model_dir, args, other_dtype, ("c",))
+            memory[f"{other_dtype}_tower_gb"] = other_memory["tower_gb"]
+        print(json.dumps(report(args, main_runs, other, memory)))
 
 
 if __name__ == "__main__":

@@ -104,8 +104,15 @@ def test_next_counts_depend_on_the_image_size(host, llava_next_hf_dir):
 def test_vision_bits_cast_the_tower(hf_model):
     images = [random_image(40, 24, 0)]
     full = pipeline().embed_images(images)[0]
-    half = pipeline({"vision_bits": "bf16", "vision_device": "cpu"})
     inner = shared.model.model
+
+    def tower_bytes() -> int:
+        return sum(p.numel() * p.element_size() for part in (inner.vision_tower, inner.multi_modal_projector)
+                   for p in part.parameters())
+
+    fp32_bytes = tower_bytes()
+    half = pipeline({"vision_bits": 16, "vision_device": "cpu"})  # 16 on the CPU: bfloat16
+    assert tower_bytes() * 2 == fp32_bytes, "vision_bits 16 halves the tower's memory"
     assert {p.dtype for p in inner.vision_tower.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in inner.multi_modal_projector.parameters()} == {torch.bfloat16}
     assert shared.model.get_input_embeddings().weight.dtype == torch.float32  # the LM is untouched
