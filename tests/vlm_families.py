@@ -204,52 +204,35 @@ def qwen_image_processor():
                                     size={"shortest_edge": 4 * 16 * 16, "longest_edge": 64 * 16 * 16})
 
 
-def build_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def build_qwen(path: Path, seed: int, family: str, vision: dict, text: dict | None = None,
+               rope: dict | None = None) -> Path:
+    """A Qwen-VL family checkpoint: `family` is the transformers class prefix (Qwen2VL, Qwen2_5_VL, Qwen3VL)."""
+    import transformers
 
     tokenizer = qwen_tokenizer()
-    config = Qwen2_5_VLConfig(
-        text_config=text_config(tokenizer, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                            "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
-                           spatial_merge_size=2, temporal_patch_size=2, window_size=32, out_hidden_size=64,
-                           fullatt_block_indexes=[1]),
+    rope_parameters = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], **(rope or {})}
+    config = getattr(transformers, f"{family}Config")(
+        text_config=text_config(tokenizer, rope_parameters=rope_parameters, **(text or {})),
+        vision_config=dict(depth=2, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2, **vision),
         **qwen_vision_ids(tokenizer))
-    processor = build_processor("Qwen2_5_VLProcessor", image_processor=qwen_image_processor(), tokenizer=tokenizer,
+    processor = build_processor(f"{family}Processor", image_processor=qwen_image_processor(), tokenizer=tokenizer,
                                 chat_template=QWEN_TEMPLATE)
-    return save(path, Qwen2_5_VLForConditionalGeneration, config, processor, seed)
+    return save(path, getattr(transformers, f"{family}ForConditionalGeneration"), config, processor, seed)
 
+
+def build_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
+    return build_qwen(path, seed, "Qwen2_5_VL", dict(hidden_size=32, intermediate_size=64, window_size=32,
+                                                     out_hidden_size=64, fullatt_block_indexes=[1]))
 
 
 def build_qwen2_vl(path: Path, seed: int = 0) -> Path:
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    tokenizer = qwen_tokenizer()
-    config = Qwen2VLConfig(
-        text_config=text_config(tokenizer, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                            "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=8,
-                           spatial_merge_size=2, temporal_patch_size=2),
-        **qwen_vision_ids(tokenizer))
-    processor = build_processor("Qwen2VLProcessor", image_processor=qwen_image_processor(), tokenizer=tokenizer,
-                                chat_template=QWEN_TEMPLATE)
-    return save(path, Qwen2VLForConditionalGeneration, config, processor, seed)
+    return build_qwen(path, seed, "Qwen2VL", dict(embed_dim=32, hidden_size=64, mlp_ratio=2))
 
 
 def build_qwen3_vl(path: Path, seed: int = 0) -> Path:
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    tokenizer = qwen_tokenizer()
-    config = Qwen3VLConfig(
-        text_config=text_config(tokenizer, head_dim=16, rope_parameters={
-            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
-                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
-                           num_position_embeddings=64, deepstack_visual_indexes=[0]),
-        **qwen_vision_ids(tokenizer))
-    processor = build_processor("Qwen3VLProcessor", image_processor=qwen_image_processor(), tokenizer=tokenizer,
-                                chat_template=QWEN_TEMPLATE)
-    return save(path, Qwen3VLForConditionalGeneration, config, processor, seed)
+    return build_qwen(path, seed, "Qwen3VL", dict(hidden_size=32, intermediate_size=64, out_hidden_size=64,
+                                                  num_position_embeddings=64, deepstack_visual_indexes=[0]),
+                      text=dict(head_dim=16), rope=dict(mrope_interleaved=True))
 
 
 def siglip(image_size: int = 32, **overrides) -> dict:
@@ -308,38 +291,34 @@ def idefics3_image_processor(class_name: str):
                                              do_image_splitting=True)
 
 
-def build_idefics3(path: Path, seed: int = 0) -> Path:
-    """Idefics3: 4 tokens per 32-pixel tile (pixel shuffle by 2), tiles with row/col tokens, then the global image."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+def build_idefics3_layout(path: Path, seed: int, family: str, tokenizer) -> Path:
+    """Idefics3's layout (`family`: Idefics3 or SmolVLM): 4 tokens per 32-pixel tile (pixel shuffle by 2),
+    tiles with row/col tokens, then the global image."""
+    import transformers
 
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"] + IDEFICS3_SPECIALS
-    tokenizer = build_tokenizer(specials, bos="<|begin_of_text|>", eos="<end_of_utterance>",
-                                pad="<|finetune_right_pad_id|>", add_bos=True, chat_template=IDEFICS3_TEMPLATE)
-    config = Idefics3Config(
+    config = getattr(transformers, f"{family}Config")(
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                            image_size=32, patch_size=8),
         text_config=text_config(tokenizer, model_type="llama"), image_token_id=token_id(tokenizer, "<image>"),
         scale_factor=2)
-    processor = build_processor("Idefics3Processor", image_processor=idefics3_image_processor("Idefics3ImageProcessorPil"),
-                                tokenizer=tokenizer, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE)
-    return save(path, Idefics3ForConditionalGeneration, config, processor, seed)
+    processor = build_processor(f"{family}Processor", image_processor=idefics3_image_processor(f"{family}ImageProcessorPil"),
+                                tokenizer=tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+    return save(path, getattr(transformers, f"{family}ForConditionalGeneration"), config, processor, seed)
+
+
+def build_idefics3(path: Path, seed: int = 0) -> Path:
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"] + IDEFICS3_SPECIALS
+    tokenizer = build_tokenizer(specials, bos="<|begin_of_text|>", eos="<end_of_utterance>",
+                                pad="<|finetune_right_pad_id|>", add_bos=True, chat_template=IDEFICS3_TEMPLATE)
+    return build_idefics3_layout(path, seed, "Idefics3", tokenizer)
 
 
 def build_smolvlm(path: Path, seed: int = 0) -> Path:
     """SmolVLM: Idefics3's layout with a ChatML-style tokenizer (no BOS)."""
-    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
-
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<video>"] + IDEFICS3_SPECIALS
     tokenizer = build_tokenizer(specials, bos="<|im_start|>", eos="<end_of_utterance>", pad="<|endoftext|>",
                                 chat_template=SMOLVLM_TEMPLATE)
-    config = SmolVLMConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        text_config=text_config(tokenizer, model_type="llama"), image_token_id=token_id(tokenizer, "<image>"),
-        scale_factor=2)
-    processor = build_processor("SmolVLMProcessor", image_processor=idefics3_image_processor("SmolVLMImageProcessorPil"),
-                                tokenizer=tokenizer, image_seq_len=4, chat_template=SMOLVLM_TEMPLATE)
-    return save(path, SmolVLMForConditionalGeneration, config, processor, seed)
+    return build_idefics3_layout(path, seed, "SmolVLM", tokenizer)
 
 
 def build_internvl(path: Path, seed: int = 0) -> Path:
