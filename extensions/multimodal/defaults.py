@@ -1,4 +1,4 @@
-"""The extension's parameters and their defaults, written once.
+"""The extension's parameters and their defaults, and the host's state keys, written once.
 
 `script.params` starts as a copy of `DEFAULT_PARAMS`; the host then applies the `multimodal-<key>`
 settings to it. Pipelines and the embedder read params through `with_defaults`, so a caller that
@@ -39,6 +39,14 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # original LLaVA checkpoints: a local mm_projector .bin/.safetensors instead of the model folder's
     "projector_path": None,
 }
+
+
+# The state keys this repository's host hands over (the extension, its UI and the host agree on them):
+# the pictures sent with the user message being added (UI upload, API image parts), which the extension
+# takes; and, when a model needs more than stitched embeddings, a function of the tokens a prefix cache
+# holds that gives generate()'s keyword arguments.
+MESSAGE_IMAGES = "message_images"
+GENERATE_KWARGS = "generate_kwargs"
 
 
 def with_defaults(params: Optional[dict]) -> dict:

@@ -71,7 +71,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from extensions.multimodal import loaded_model  # noqa: E402
-from extensions.multimodal.defaults import DEFAULT_PARAMS  # noqa: E402
+from extensions.multimodal.defaults import DEFAULT_PARAMS, GENERATE_KWARGS, MESSAGE_IMAGES  # noqa: E402
 from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError,  # noqa: E402
                                                Stored, check_history_format, ordinal, store_bytes,
                                                store_image)
@@ -98,12 +98,6 @@ multimodal_embedder: Optional[MultimodalEmbedder] = None
 # Longest side stored in history when the pipeline states no preference (keeps histories small).
 DEFAULT_HISTORY_MAX_SIDE = 1024
 IMAGE_PLACEHOLDER = "<image>"
-# This repository's host hands the pictures sent with a user message (UI upload, API image parts) to
-# extensions in this state key; the extension takes them, so the host knows they were used.
-MESSAGE_IMAGES = "message_images"
-# ...and, when a model needs more than stitched embeddings, takes from this key a function of the
-# tokens a prefix cache holds that gives generate()'s keyword arguments.
-GENERATE_KWARGS = "generate_kwargs"
 
 
 def current_placeholder_ids() -> list[int]:

@@ -21,9 +21,10 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from extensions.multimodal.defaults import MESSAGE_IMAGES
 from modules import shared
 
-STATE_KEY = "message_images"  # the host hands the value to extensions as state["message_images"]
+STATE_KEY = MESSAGE_IMAGES  # the host hands the value to extensions as state["message_images"]
 EMBED_ALL_LABEL = "Embed all images, not only the last one"
 
 # Paste support: Gradio's file input takes uploads and drops, not clipboard pastes. A paste that
