@@ -88,7 +88,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vision-layers", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="runs per column; the table shows medians")
-    parser.add_argument("--model-dir", type=str, default=None, help="reuse a model folder built earlier")
+    parser.add_argument("--model-dir", type=str, default=None,
+                        help="keep the model folder here (built when missing, reused when present)")
     parser.add_argument("--json-out", type=str, default=None)
     args = parser.parse_args()
     size = SIZES[args.size]
@@ -217,19 +218,20 @@ class VisionCounter:
 # -- The columns ---------------------------------------------------------------------------------------
 
 def host_turn(history: dict, text: str, images: list, args) -> tuple[float, float, dict, str]:
-    """(TTFT, decode tokens/s, history, reply) for one turn through the host's chat."""
+    """(TTFT, decode tokens/s, history, reply) for one turn through the host's chat.
+
+    The chat yields once per generated token, then once more with the finished turn (output hooks):
+    decode speed is from the first token's yield to the last token's, as the streamer times Hugging Face.
+    """
     state = dict(shared.settings)
     state.update(do_sample=False, max_new_tokens=args.max_new_tokens, ban_eos_token=True, seed=0, history=history,
                  message_images=images or None)
     started = time.perf_counter()
-    ttft = last = None
-    latest = history
+    times, latest = [], history
     for latest in chat.generate_chat_reply(text, state, loading_message=False):
-        last = time.perf_counter()
-        if ttft is None:  # the first yield carries the first generated token
-            ttft = last - started
+        times.append(time.perf_counter() - started)
     tokens = state["generation_stats"]["completion_tokens"]
-    return ttft, (tokens - 1) / max(last - started - ttft, 1e-9), latest, latest["internal"][-1][1]
+    return times[0], (tokens - 1) / max(times[-2] - times[0], 1e-9), latest, latest["internal"][-1][1]
 
 
 def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
@@ -449,7 +451,9 @@ def main() -> None:
     args = parse_args()
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(args.model_dir) if args.model_dir else build_model(Path(tmp) / "bench-llava", args)
+        model_dir = Path(args.model_dir or Path(tmp) / "bench-llava")
+        if not (model_dir / "config.json").exists():
+            build_model(model_dir, args)
         columns = ("c", "a", "limit") if args.size == "real" else ("b", "c", "a", "limit")
         main_runs, memory = measure(model_dir, args, args.dtype, columns)
         other = None

@@ -1,10 +1,14 @@
 """Prefix KV reuse: keep the last generation's KV cache and prefill only what is new.
 
-After each generation we keep the KV cache together with the input embeddings of every token it
-holds (prompt rows as given, generated tokens through the input embedding). The next request's
-input embeddings are compared row by row with them; the cache is cropped to the longest identical
-prefix and `generate` prefills only the rest. Comparing embeddings rather than ids means two
-different images (same placeholder ids) can never match. Off when the cache cannot be cropped.
+After each generation we keep the KV cache of its prompt together with the prompt's input
+embeddings. The next request's input embeddings are compared row by row with them; the cache is
+cropped to the longest identical prefix and `generate` prefills only the rest. Comparing embeddings
+rather than ids means two different images (same placeholder ids) can never match. Off when the
+cache cannot be cropped.
+The reply's own rows are dropped: they were computed one token at a time, while the next prompt's
+prefill (and Hugging Face's, on the whole conversation) computes them in one batch, and in bfloat16
+the two differ enough to change greedy tokens (measured at LLaVA-7B's width). Prefilling a reply
+again costs a few dozen tokens; the turn stays token-identical.
 """
 from __future__ import annotations
 
@@ -64,14 +68,14 @@ def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
     return cache
 
 
-def remember(prompt_embeds: torch.Tensor, new_ids: list[int], cache) -> None:
-    """Keep `cache` after a generation that produced `new_ids` from `prompt_embeds` (n, hidden)."""
+def remember(prompt_embeds: torch.Tensor, cache) -> None:
+    """Keep `cache`, cropped to the prompt whose embeddings are `prompt_embeds` (n, hidden), after a generation."""
     global _last
     if not isinstance(cache, DynamicCache) or not cache.is_croppable:
         _last = None
         logger.debug("Prefix reuse off: this model's KV cache cannot be cropped")
         return
-    rows = [prompt_embeds]
-    if new_ids:
-        rows.append(embed_ids(torch.tensor([new_ids], device=prompt_embeds.device))[0].to(prompt_embeds.dtype))
-    _last = CachedPrefix(shared.model, torch.cat(rows), cache)
+    extra = cache.get_seq_length() - prompt_embeds.shape[0]  # the reply's rows
+    if extra > 0:
+        cache.crop(-extra)  # crop() takes what to remove, as a negative count
+    _last = CachedPrefix(shared.model, prompt_embeds, cache)

@@ -232,10 +232,7 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
                 kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event, batch_processors)
                 output = shared.model.generate(**kwargs, streamer=TokenQueue(events))
             if prompt_embeds is not None:
-                prompt_ids = kwargs.get("input_ids")
-                # generate() returns prompt + new ids for an ids prompt, only new ids for an embeddings prompt
-                new_ids = output.sequences[0, 0 if prompt_ids is None else prompt_ids.shape[1]:].tolist()
-                prefix_cache.remember(prompt_embeds, new_ids, output.past_key_values)
+                prefix_cache.remember(prompt_embeds, output.past_key_values)
     except Exception as error:  # handed to the consuming thread, which re-raises it
         prefix_cache.clear()
         events.put(error)
