@@ -103,11 +103,28 @@ def parse_args() -> argparse.Namespace:
 # -- The model -----------------------------------------------------------------------------------------
 
 def build_tokenizer(vocab: int):
-    """The tests' BPE tokenizer, grown to `vocab` ids with plain added words, so every id decodes to text."""
+    """The tests' BPE tokenizer, its vocabulary grown to `vocab` ids, so every id the model can generate
+    decodes to text. The new ids are words of the BPE model's own vocabulary (" w123"), not added
+    tokens: a real tokenizer has a handful of added tokens, and tens of thousands would slow every
+    tokenizer call (Hugging Face's processor and ours alike)."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = tiny_models.build_tokenizer()
-    if vocab > len(tokenizer):
-        tokenizer.add_tokens([f" w{i}" for i in range(vocab - len(tokenizer))])
-    return tokenizer
+    if vocab <= len(tokenizer):
+        return tokenizer
+    data = json.loads(tokenizer.backend_tokenizer.to_str())
+    words = data["model"]["vocab"]
+    start = len(tokenizer)
+    words.update({f"\u0120w{i}": start + i for i in range(vocab - start)})  # "\u0120": byte-level space
+    grown = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+                                    bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+                                    unk_token=tokenizer.unk_token, pad_token=tokenizer.pad_token,
+                                    additional_special_tokens=tiny_models.SPECIAL_TOKENS[4:])
+    grown.chat_template = tokenizer.chat_template
+    return grown
 
 
 def build_model(path: Path, args) -> Path:
