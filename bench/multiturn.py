@@ -5,7 +5,7 @@ per turn the time to first token (TTFT), decode speed and the vision tower's cal
   (a) Hugging Face: `model.generate(**processor(whole conversation, all images))`;
   (b) our host with the image-embedding cache, the text memo and prefix KV reuse off (small size only);
   (c) our host with them on;
-  (o) our host in the other dtype (`--size real`): bf16 against fp32 on the same weights;
+  (o) our host in the other dtype (`--size real`): bf16 against fp32 (CPU) or fp16 (CUDA), same weights;
   limit: a bare forward of only the new images and new tokens on the same model.
 Every column embeds every picture (as Hugging Face does), so greedy tokens must be identical.
 
@@ -14,16 +14,19 @@ Sizes (`--size`):
   real: LLaVA-1.5-7B's interface: a CLIP ViT-L/14-336 tower with all 24 layers (576 rows per picture),
         the 1024 -> 4096 -> 4096 projector, a Llama of width 4096 (vocabulary 32064) with `--text-layers`
         layers (default 2, so it fits a small machine; each adds ~200M parameters).
-`--dtype fp32|bf16` is the dtype of columns (a)-(c) (on the CPU: `--bf16`, as a user would start it).
+`--dtype` is the dtype of columns (a)-(c), as a user starts the server: bf16 is `--bf16`; without it the
+host loads fp32 on a CPU and fp16 on CUDA (so fp32 is for the CPU, fp16 for CUDA).
 
 Prints a table and writes it to `--json-out` (default bench/out/multiturn-<size>-<dtype>.json); the last
 line printed is one JSON object: turn1_ttft_ratio_vs_hf, turn5_ttft_ratio_vs_hf, turn5_ttft_ratio_vs_limit,
-history_image_vision_calls, tokens_identical (+ bf16_prefill_ratio_vs_fp32, decode_tps_ratio_vs_hf,
-peak_rss_gb for --size real).
+history_image_vision_calls, tokens_identical (+ bf16_prefill_ratio_vs_fp32 (vs_fp16 on CUDA),
+decode_tps_ratio_vs_hf, bf16_decode_tps_ratio_vs_fp32, peak_rss_gb, extension_rss_overhead for --size real).
+When bf16 tokens differ, bench/chunked_prefill.py tells whether it is the prefix cache's chunked prefill.
 
     python bench/multiturn.py                          # ~4 minutes on 2 CPU cores (5 interleaved repeats)
-    python bench/multiturn.py --size real --dtype bf16 # ~10 minutes on 2 CPU cores (2 repeats)
-    python bench/multiturn.py --size real --dtype bf16 --device cuda --text-layers 32   # a GPU
+    python bench/multiturn.py --size real --dtype bf16 # 44 minutes on 2 CPU cores without AMX (2 repeats)
+    python bench/multiturn.py --size real --dtype fp16 --device cuda --text-layers 32   # a GPU: fp16 vs bf16
+    python bench/multiturn.py --size real --dtype bf16 --device cuda --text-layers 32
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ SIZES = {
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=list(SIZES), default="small")
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--text-layers", type=int, default=None)
     parser.add_argument("--vision-layers", type=int, default=None)
@@ -96,11 +99,18 @@ def parse_args() -> argparse.Namespace:
     for name in ("text_layers", "vision_layers", "max_new_tokens", "repeats"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(size, name))
+    if args.dtype != "bf16" and args.dtype != base_dtype(args):
+        parser.error(f"--dtype {args.dtype} is not what the host loads on {args.device}: use bf16 or {base_dtype(args)}")
     args.json_out = args.json_out or str(ROOT / "bench" / "out" / f"multiturn-{args.size}-{args.dtype}.json")
     return args
 
 
 # -- The model -----------------------------------------------------------------------------------------
+
+def base_dtype(args) -> str:
+    """What the host loads without --bf16: fp16 on CUDA, fp32 on a CPU (modules/models.py)."""
+    return "fp16" if args.device.startswith("cuda") else "fp32"
+
 
 def build_tokenizer(vocab: int):
     """The tests' BPE tokenizer, its vocabulary grown to `vocab` ids, so every id the model can generate
@@ -411,7 +421,7 @@ def report(args, main: dict, other: dict | None, memory: dict) -> dict:
     off = main.get("b")
     print(f"\n{'turn':>4} {'(a) HF ms':>10}" + (f" {'(b) off ms':>11}" if off else "") +
           f" {'(c) ours ms':>12} {'limit ms':>9} {'c/a':>6} {'c/limit':>8} {'HF tok/s':>9} {'ours tok/s':>11}" +
-          (f" {'(o) other ms':>13} {'bf16/fp32':>10}" if other else ""))
+          (f" {'(o) other ms':>13} {'bf16/' + base_dtype(args):>10}" if other else ""))
     for t in range(len(QUESTIONS)):
         row = {"turn": t + 1, "hf_ttft_ms": hf["ttft"][t] * 1e3, "ours_ttft_ms": on["ttft"][t] * 1e3,
                "limit_ms": limit[t] * 1e3, "ours_vs_hf": on["ttft"][t] / hf["ttft"][t],
@@ -424,10 +434,10 @@ def report(args, main: dict, other: dict | None, memory: dict) -> dict:
                 f"{row['ours_vs_hf']:>6.2f} {row['ours_vs_limit']:>8.2f} {row['hf_decode_tps']:>9.1f} "
                 f"{row['ours_decode_tps']:>11.1f}")
         if other:
-            bf16, fp32 = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)
-            row.update(other_ttft_ms=other["c"]["ttft"][t] * 1e3, other_decode_tps=other["c"]["tps"][t],
-                       bf16_vs_fp32=bf16["ttft"][t] / fp32["ttft"][t])
-            line += f" {row['other_ttft_ms']:>13.1f} {row['bf16_vs_fp32']:>10.2f}"
+            bf16, base = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)
+            row.update({"other_ttft_ms": other["c"]["ttft"][t] * 1e3, "other_decode_tps": other["c"]["tps"][t],
+                        f"bf16_vs_{base_dtype(args)}": bf16["ttft"][t] / base["ttft"][t]})
+            line += f" {row['other_ttft_ms']:>13.1f} {row[f'bf16_vs_{base_dtype(args)}']:>10.2f}"
         rows.append(row)
         print(line)
     replies = [main[k]["replies"] for k in main if "replies" in main[k]]
@@ -443,10 +453,11 @@ def report(args, main: dict, other: dict | None, memory: dict) -> dict:
         "tokens_identical": identical,
     }
     if other:
-        bf16, fp32 = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)
-        summary["bf16_prefill_ratio_vs_fp32"] = round(bf16["ttft"][0] / fp32["ttft"][0], 3)
+        bf16, base = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)
+        summary[f"bf16_prefill_ratio_vs_{base_dtype(args)}"] = round(bf16["ttft"][0] / base["ttft"][0], 3)
         summary["decode_tps_ratio_vs_hf"] = round(statistics.median(on["tps"]) / statistics.median(hf["tps"]), 3)
-        summary["bf16_decode_tps_ratio_vs_fp32"] = round(statistics.median(bf16["tps"]) / statistics.median(fp32["tps"]), 3)
+        summary[f"bf16_decode_tps_ratio_vs_{base_dtype(args)}"] = round(
+            statistics.median(bf16["tps"]) / statistics.median(base["tps"]), 3)
         summary["peak_rss_gb"] = round(memory["peak_rss_gb"], 2)
         summary["extension_rss_overhead"] = round(memory["rss_with_extension_gb"] / memory["rss_bare_gb"] - 1, 4)
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -459,9 +470,23 @@ def report(args, main: dict, other: dict | None, memory: dict) -> dict:
 def device_name(args) -> str:
     if args.device.startswith("cuda"):
         return torch.cuda.get_device_name(0)
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"
+
+
+def cpu_name() -> str:
+    """The CPU's model name and whether it has bf16 matrix instructions: without AMX or AVX512-BF16
+    torch emulates bf16 matrix products, and bf16 prefill is slower than fp32, not faster."""
     import platform
 
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    bf16 = [flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags]
+    return f"{name} ({', '.join(bf16) if bf16 else 'no AMX or AVX512-BF16'})"
 
 
 def main() -> None:
@@ -475,7 +500,7 @@ def main() -> None:
         main_runs, memory = measure(model_dir, args, args.dtype, columns)
         other = None
         if args.size == "real":  # the same weights in the other dtype, our host only
-            other_dtype = "fp32" if args.dtype == "bf16" else "bf16"
+            other_dtype = base_dtype(args) if args.dtype == "bf16" else "bf16"
             other, other_memory = measure(model_dir, args, other_dtype, ("c",))
             memory[f"{other_dtype}_tower_gb"] = other_memory["tower_gb"]
         print(json.dumps(report(args, main_runs, other, memory)))
