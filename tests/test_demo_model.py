@@ -194,6 +194,17 @@ def test_eval_script_measures_through_the_host():
     assert all(value >= 0.8 for value in accuracies.values()), accuracies
 
 
+def test_eval_script_draws_with_the_independent_renderer():
+    """`--renderer independent`: pictures from tools/eval_pictures.py, through the same host path."""
+    result = subprocess.run([sys.executable, "tools/eval_demo_model.py", "--renderer", "independent", "--n", "10",
+                             "--kinds", "colour", "order", "yesno", "--threads", "1"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    accuracies = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(accuracies) == {"colour", "order", "yesno"}
+    assert all(value >= 0.8 for value in accuracies.values()), accuracies
+
+
 def test_training_script_smoke_run_saves_a_loadable_model(tmp_path):
     from tools import train_demo_model
 

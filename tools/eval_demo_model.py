@@ -2,11 +2,14 @@
 
     python tools/eval_demo_model.py                       # the shipped model, 100 questions per kind
     python tools/eval_demo_model.py --model /tmp/m --seed 7 --n 50
+    python tools/eval_demo_model.py --renderer independent   # pictures from tools/eval_pictures.py
 
 Each question is a chat turn sent as the UI sends it: the pictures go in `state['message_images']`,
 the extension stores them as JPEG `<img>` tags in the history, splits the prompt, embeds the images
 with the llava-hf pipeline and stitches `inputs_embeds`; the host generates greedily. Pictures are
-fresh: drawn from `--seed`, which training (seed 0 and its stream) never used.
+fresh: drawn from `--seed`, which training (seed 0 and its stream) never used, by the training
+renderer (`demo_pictures`) or by `--renderer independent` (`eval_pictures`: other code, other shades,
+sizes and edges, positions on the whole picture).
 Prints the accuracy per question kind, then one JSON line of those accuracies.
 """
 from __future__ import annotations
@@ -30,13 +33,21 @@ from tools.demo_chats import (
     DESCRIBE_QUESTIONS,
     ORDER_QUESTION,
     POSITION_QUESTIONS,
+    PRESENCE_QUESTIONS,
     SHAPE_QUESTIONS,
     TEXT_CHAT,
+    article,
     describe,
 )
-from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene, picture, random_scene
+from tools import demo_pictures, eval_pictures
+from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene
 
-KINDS = ("shape", "colour", "count", "position", "describe", "order", "history", "text")
+KINDS = ("shape", "colour", "count", "position", "describe", "order", "yesno", "history", "text")
+# name -> (a random scene, the scene drawn as a picture)
+RENDERERS = {
+    "training": (demo_pictures.random_scene, lambda scene, rng: demo_pictures.picture(scene, rng, quality=90)),
+    "independent": (eval_pictures.random_scene, eval_pictures.picture),
+}
 
 
 def words(text: str) -> set[str]:
@@ -109,8 +120,9 @@ def new_history() -> dict:
     return {"internal": [], "visible": []}
 
 
-def ask(kind: str, rng: random.Random) -> bool:
+def ask(kind: str, rng: random.Random, renderer: str = "training") -> bool:
     """One fresh question of this kind through the host; True when answered right."""
+    random_scene, draw = RENDERERS[renderer]
     if kind == "text":
         prompt = rng.choice(list(TEXT_CHAT))
         return chat_turn(prompt, new_history(), [])[0] == TEXT_CHAT[prompt]
@@ -119,18 +131,25 @@ def ask(kind: str, rng: random.Random) -> bool:
         scenes = [random_scene(rng, kinds=[(c, rng.choice(SHAPES))]) for c in colours]
         which = rng.randrange(2)
         question = ORDER_QUESTION.format(colour=colours[which])
-        reply, _ = chat_turn(question, new_history(), [picture(s, rng, quality=90) for s in scenes])
+        reply, _ = chat_turn(question, new_history(), [draw(s, rng) for s in scenes])
         return is_right(kind, reply, scenes, which)
+    if kind == "yesno":  # "Is there a blue shape?" about one picture: its colour half the time
+        scene = random_scene(rng)
+        present = {item.colour for item in scene.items}
+        colour = rng.choice(sorted(present)) if rng.random() < 0.5 else rng.choice(list(COLOURS))
+        question = PRESENCE_QUESTIONS[0].format(a=article(colour), colour=colour)
+        reply, _ = chat_turn(question, new_history(), [draw(scene, rng)])
+        return words(reply) & {"yes", "no"} == {"yes" if colour in present else "no"}
     if kind == "history":  # an earlier picture, answered by the model itself, then a new one
         earlier, now = random_scene(rng, count=1), random_scene(rng, count=1)
-        _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [picture(earlier, rng, quality=90)])
-        reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [picture(now, rng, quality=90)])
+        _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [draw(earlier, rng)])
+        reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [draw(now, rng)])
         return is_right(kind, reply, [earlier, now], None)
     one_shape = kind in ("shape", "colour", "position")
     scene = random_scene(rng, count=1 if one_shape else None)
     question = {"shape": SHAPE_QUESTIONS, "colour": COLOUR_QUESTIONS, "count": COUNT_QUESTIONS,
                 "position": POSITION_QUESTIONS, "describe": DESCRIBE_QUESTIONS}[kind][0]
-    reply, _ = chat_turn(question, new_history(), [picture(scene, rng, quality=90)])
+    reply, _ = chat_turn(question, new_history(), [draw(scene, rng)])
     return is_right(kind, reply, [scene], None)
 
 
@@ -141,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--n", type=int, default=100, help="questions per kind")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--renderer", choices=list(RENDERERS), default="training",
+                        help="who draws the pictures: the training renderer, or tools/eval_pictures.py")
     parser.add_argument("--add-all-images", choices=("on", "off"),
                         help="override the model's add_all_images_to_prompt (the demo's is on)")
     args = parser.parse_args(argv)
@@ -149,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for kind in args.kinds:
         rng = random.Random(f"{args.seed}-{kind}")
         start = time.time()
-        right = sum(ask(kind, rng) for _ in range(args.n))
+        right = sum(ask(kind, rng, args.renderer) for _ in range(args.n))
         accuracies[kind] = round(right / args.n, 4)
         print(f"{kind:9s} {right:4d}/{args.n}  {accuracies[kind]:.1%}  ({time.time() - start:.0f} s)", flush=True)
     print(json.dumps(accuracies))
