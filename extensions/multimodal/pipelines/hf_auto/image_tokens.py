@@ -111,17 +111,17 @@ def split_replacement(tokenizer, replacement: str, pattern: re.Pattern | None = 
     return ImageTokens(before=replacement[:start], ids=ids, after=replacement[end:])
 
 
-# Per tokenizer (by identity, while it lives, and its length): its added-tokens pattern. Building it
-# sorts every added token, which costs ~0.25 s per image for a tokenizer with 30k added words.
-_patterns: dict[int, tuple[weakref.ref, int, re.Pattern]] = {}
+# Per live tokenizer: (its length when built, its added-tokens pattern). Building the pattern sorts
+# every added token, which costs ~0.25 s per image for a tokenizer with 30k added words.
+_patterns: "weakref.WeakKeyDictionary[object, tuple[int, re.Pattern]]" = weakref.WeakKeyDictionary()
 
 
 def added_tokens_pattern(tokenizer) -> re.Pattern:
     """Matches any added token (the tokenizer splits text at these before running its model)."""
-    kept = _patterns.get(id(tokenizer))
-    if kept is not None and kept[0]() is tokenizer and kept[1] == len(tokenizer):
-        return kept[2]
+    kept = _patterns.get(tokenizer)
+    if kept is not None and kept[0] == len(tokenizer):
+        return kept[1]
     tokens = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
     pattern = re.compile("|".join(re.escape(token) for token in tokens))
-    _patterns[id(tokenizer)] = (weakref.ref(tokenizer), len(tokenizer), pattern)
+    _patterns[tokenizer] = (len(tokenizer), pattern)
     return pattern
