@@ -61,7 +61,7 @@ def images(markup: str) -> list[dict]:
 
 
 def assert_inert(markup: str) -> None:
-    """No element but div/img, no event handler attribute, images only as JPEG data URLs."""
+    """No element but div/img, no event handler attribute, images only as JPEG or PNG data URLs."""
     for tag, attrs in Parsed(markup).elements:
         assert tag in ("div", "img"), f"unexpected element <{tag}> in {markup!r}"
         assert not any(name.startswith("on") for name in attrs), attrs

@@ -1,8 +1,7 @@
 """End to end through host + multimodal extension vs Hugging Face's own `generate` (llava-hf).
 
-Our prompt carries `<img src="data:image/jpeg;base64,...">` tags where HF's has `<image>`; JPEG is
-lossy, so HF's processor gets the images decoded back from those very tags: both sides see the
-same pixels. No `--multimodal-pipeline` is given: the pipeline is picked from the loaded model.
+Our prompt carries `<img src="data:image/png;base64,...">` tags where HF's has `<image>`; HF's
+processor gets the images decoded back from those very tags: both sides see the same pixels. No `--multimodal-pipeline` is given: the pipeline is picked from the loaded model.
 """
 from __future__ import annotations
 
