@@ -45,7 +45,7 @@ from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene
 KINDS = ("shape", "colour", "count", "position", "describe", "order", "yesno", "history", "text")
 # name -> (a random scene, the scene drawn as a picture)
 RENDERERS = {
-    "training": (demo_pictures.random_scene, lambda scene, rng: demo_pictures.picture(scene, rng, quality=90)),
+    "training": (demo_pictures.random_scene, demo_pictures.picture),
     "independent": (eval_pictures.random_scene, eval_pictures.picture),
 }
 
