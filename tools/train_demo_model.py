@@ -375,7 +375,8 @@ def focus_sample(rng: random.Random, progress: float) -> Sample:
 
 
 def focus_two_images(model, tokenizer, processor, steps: int, batch_size: int, lr: float, seed: int, device,
-                     checkpoint=None, every: int = 300, check_n: int = 32, query_weight: float = 1.0) -> None:
+                     checkpoint=None, every: int = 300, check_n: int = 32, query_weight: float = 1.0,
+                     tower_lr_scale: float = 0.0) -> None:
     """Stage 3: a fresh language model on the frozen vision tower and projector, on `focus_sample`.
 
     Why: the stage-2 language model named, counted and placed shapes well but never learned to match
@@ -392,12 +393,15 @@ def focus_two_images(model, tokenizer, processor, steps: int, batch_size: int, l
     model.lm_head.load_state_dict(fresh.lm_head.state_dict())
     torch.manual_seed(seed + 3)
     probes = Probes(model.config.text_config.hidden_size, query=True, query_weight=query_weight).to(device)
-    frozen = vision_parameters(model)
+    tower = vision_parameters(model)
+    frozen = tower if tower_lr_scale == 0 else []  # the tower learns on (slowly) when tower_lr_scale > 0
     for param in frozen:
         param.requires_grad_(False)
-    frozen_ids = {id(p) for p in frozen}
-    params = [p for p in model.parameters() if id(p) not in frozen_ids] + list(probes.parameters())
-    optimizer = torch.optim.AdamW([{"params": params, "peak": lr}], weight_decay=0.01, betas=(0.9, 0.98))
+    tower_ids = {id(p) for p in tower}
+    params = [p for p in model.parameters() if id(p) not in tower_ids] + list(probes.parameters())
+    groups = [{"params": params, "peak": lr}] + ([{"params": tower, "peak": lr * tower_lr_scale}] if not frozen else [])
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.01, betas=(0.9, 0.98))
+    params = params + ([] if frozen else tower)
     run_chat_steps(model, processor, probes, optimizer, params,
                    lambda progress: collate([focus_sample(rng, progress) for _ in range(batch_size)],
                                             tokenizer, processor, device),
@@ -454,6 +458,7 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     parser.add_argument("--init", type=Path, help="start stages 1-2 from a saved model's weights (a continued run)")
     parser.add_argument("--vision-lr", type=float, default=2e-3, help="stage 1's peak learning rate")
     parser.add_argument("--query-weight", type=float, default=1.0, help="stage 3's query-probe loss weight")
+    parser.add_argument("--tower-lr-scale", type=float, default=0.0, help="stage 3: 0 freezes the tower")
     parser.add_argument("--vision-batch-size", type=int, default=48)
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -485,7 +490,7 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     else:
         model = LlavaForConditionalGeneration.from_pretrained(args.resume, dtype=torch.float32).to(args.device)
     focus_two_images(model, tokenizer, processor, args.focus_steps, args.batch_size, args.lr, args.seed, args.device,
-                     checkpoint, args.check_every, args.check_n, args.query_weight)
+                     checkpoint, args.check_every, args.check_n, args.query_weight, args.tower_lr_scale)
     print(f"trained in {time.time() - start:.0f}s")
     save(model.to("cpu"), processor, args.out)
     print(f"final quick check {quick_check(model, processor, 'cpu', args.check_n)}")
