@@ -2,7 +2,8 @@
 
 - Every shape lies in the cell of the **whole picture** that its answer names, on canvases of any
   size and aspect ratio (only a large lone shape in the centre may spill over), and the per-patch
-  labels put it in the same cell of the processor's square.
+  labels put it in the same cell of the processor's square; the picture labels list its shapes in
+  reading order.
 - The processor crops nothing: a mark at a picture's very edge reaches the model's pixels.
 - Training is reproducible bit for bit from its seed (two short runs, byte-identical weights).
 """
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tools.demo_pictures import CENTER, CELL_HALF, draw_scene, patch_labels, random_scene
+from tools.demo_pictures import COLOURS, CENTER, CELL_HALF, SHAPES, draw_scene, patch_labels, random_scene, scene_labels
 from tools.train_demo_model import GRID, build_processor, build_tokenizer
 from tools.train_demo_model import main as train
 
@@ -58,6 +59,16 @@ def test_patch_labels_put_each_shape_in_its_cell_of_the_squashed_picture(seed):
         assert len(patches) > 0, f"{item} covers a fifth of some patch"
         # a patch straddling a cell border may lie half in the next cell
         assert np.isin(grid_cells[patches], neighbours(item.cell)).all()
+
+
+@pytest.mark.parametrize("count", (1, 2))
+def test_picture_labels_list_the_shapes_in_reading_order(count):
+    scene = random_scene(random.Random(count), count=count)
+    labels = scene_labels(scene).reshape(2, 3)
+    for slot, item in enumerate(scene.items):
+        assert tuple(labels[slot]) == (list(COLOURS).index(item.colour), SHAPES.index(item.shape), item.cell)
+    assert (labels[count:] == -1).all()
+    assert sorted(item.cell for item in scene.items) == [item.cell for item in scene.items]
 
 
 def neighbours(cell: int) -> list[int]:

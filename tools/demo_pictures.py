@@ -67,7 +67,7 @@ def place(colour: str, shape: str, cell: int, rng: random.Random, alone: bool) -
     if alone and cell == CENTER and rng.random() < 0.5:
         r = rng.uniform(0.16, 0.40)
     else:
-        r = CELL_HALF * rng.uniform(0.35, 0.95)
+        r = CELL_HALF * rng.uniform(0.45, 0.95)
     jitter = max(0.0, CELL_HALF - r) * 0.7
     cx = (col + 0.5) / 3 + rng.uniform(-jitter, jitter)
     cy = (row + 0.5) / 3 + rng.uniform(-jitter, jitter)
@@ -122,8 +122,8 @@ def background(width: int, height: int, rng: random.Random) -> Image.Image:
 
 
 def random_size(rng: random.Random) -> tuple[int, int]:
-    """48 to 320 px on the shorter side; square or any aspect ratio from 1:1.8 to 1.8:1."""
-    side = rng.randint(48, 320)
+    """56 to 320 px on the shorter side; square or any aspect ratio from 1:1.8 to 1.8:1."""
+    side = rng.randint(56, 320)
     if rng.random() < 0.35:
         return side, side
     aspect = math.exp(rng.uniform(-0.6, 0.6))
@@ -191,3 +191,15 @@ def patch_labels(scene: Scene, grid: int) -> tuple[np.ndarray, np.ndarray, np.nd
         shapes[covered] = SHAPES.index(item.shape)
         cells[covered] = item.cell
     return colours, shapes, cells
+
+
+SCENE_SLOTS = 2  # shapes a scene holds at most
+
+
+def scene_labels(scene: Scene) -> np.ndarray:
+    """What the whole picture holds, in reading order: (colour, shape, cell) of each of its
+    `SCENE_SLOTS` shapes, -1 for a slot no shape fills. Shape (3 * SCENE_SLOTS,)."""
+    labels = np.full(3 * SCENE_SLOTS, -1)
+    for slot, item in enumerate(scene.items):
+        labels[3 * slot:3 * slot + 3] = (list(COLOURS).index(item.colour), SHAPES.index(item.shape), item.cell)
+    return labels
