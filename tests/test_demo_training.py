@@ -52,7 +52,7 @@ def test_a_lone_shape_lies_in_the_cell_of_the_whole_picture_its_answer_names(see
 def test_patch_labels_put_each_shape_in_its_cell_of_the_squashed_picture(seed):
     rng = random.Random(500 + seed)
     scene = random_scene(rng, count=2)
-    _, _, cells, _ = patch_labels(scene, GRID)
+    _, _, cells = patch_labels(scene, GRID)
     grid_cells = np.array([(row * 3 // GRID) * 3 + col * 3 // GRID for row in range(GRID) for col in range(GRID)])
     for item in scene.items:
         patches = np.flatnonzero(cells == item.cell)

@@ -172,11 +172,10 @@ def picture(scene: Scene, rng: random.Random, quality: int | None = None) -> Ima
     return as_sent(draw_scene(scene, rng), rng, quality)
 
 
-def patch_labels(scene: Scene, grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def patch_labels(scene: Scene, grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per patch of the processor's square (the whole picture, squashed): (colour index, shape index,
-    cell index) of the shape covering at least a fifth of the patch, or -1 where none does, each of
-    shape (grid * grid,) in row-major patch order; and where in the patch any shape lies (an 8 x 8
-    mask per patch, (grid * grid, 64), 0 or 1)."""
+    cell index) of the shape covering at least a fifth of the patch, or -1 where none does.
+    Arrays of shape (grid * grid,), row-major patch order."""
     cell = 8  # label pixels per patch
     side = grid * cell
     width, height = scene.size or (side, side)
@@ -191,7 +190,7 @@ def patch_labels(scene: Scene, grid: int) -> tuple[np.ndarray, np.ndarray, np.nd
         colours[covered] = list(COLOURS).index(item.colour)
         shapes[covered] = SHAPES.index(item.shape)
         cells[covered] = item.cell
-    return colours, shapes, cells, (owners > 0).astype(np.float32)
+    return colours, shapes, cells
 
 
 SCENE_SLOTS = 2  # shapes a scene holds at most

@@ -94,7 +94,6 @@ VISION = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_a
 TEXT = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False)
 assert GRID * GRID == IMAGE_TOKENS
-MASK_PIXELS = 64  # patch_labels' 8 x 8 mask of where in a patch a shape lies
 ORDER_PROBE_LAYER = 2  # hidden_states index: the output of the LM's second layer
 QUERY_PROBE_LAYER = 3  # the third layer's output: the fourth carries the finding to the answer
 
@@ -127,24 +126,9 @@ def build_model(tokenizer, seed: int) -> LlavaForConditionalGeneration:
     config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
-    grid_positions(model.model.vision_tower.embeddings.position_embedding.weight)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
     return model
-
-
-@torch.no_grad()
-def grid_positions(table: torch.Tensor, amplitude: float = 0.5) -> None:
-    """Start the patches' position embeddings as 2-D sines and cosines of their row and column (CLS,
-    row 0, at zero): neighbouring patches start out alike, so the tower can learn to gather a shape's
-    patches early, instead of first having to learn from random vectors which patches are neighbours."""
-    quarter = table.shape[1] // 4
-    frequencies = 1.0 / (GRID ** (torch.arange(quarter, dtype=torch.float32) / quarter))
-    rows, cols = torch.meshgrid(torch.arange(GRID, dtype=torch.float32), torch.arange(GRID, dtype=torch.float32),
-                                indexing="ij")
-    angles = [axis.reshape(-1, 1) * frequencies for axis in (rows, cols)]
-    table[1:] = amplitude * torch.cat([f(a) for a in angles for f in (torch.sin, torch.cos)], dim=1)
-    table[0] = 0
 
 
 def build_processor(tokenizer) -> LlavaProcessor:
@@ -176,16 +160,14 @@ class PatchProbe(torch.nn.Module):
         self.heads = torch.nn.ModuleList(torch.nn.Linear(hidden, n + 1) for n in kinds)
         self.scene_heads = torch.nn.ModuleList(torch.nn.Linear(hidden, n + 1) for _ in range(SCENE_SLOTS) for n in kinds)
         self.present = torch.nn.Linear(hidden, len(COLOURS) + len(SHAPES))
-        self.mask = torch.nn.Linear(hidden, MASK_PIXELS)
 
     def loss(self, features: torch.Tensor, patches: tuple[torch.Tensor, ...], scenes: torch.Tensor) -> torch.Tensor:
         # features (images, IMAGE_TOKENS, hidden); patches: 3 x (images, IMAGE_TOKENS); scenes
         # (images, 3 * SCENE_SLOTS); -1 = no shape
         rows = features.reshape(-1, features.shape[-1])
         every_row = scenes.repeat_interleave(features.shape[1], dim=0)  # (rows, 3 * SCENE_SLOTS)
-        *names, masks = patches
-        labels = [label.reshape(-1) for label in names] + list(every_row.unbind(-1))
-        total = torch.nn.functional.binary_cross_entropy_with_logits(self.mask(rows), masks.reshape(rows.shape[0], -1))
+        labels = [label.reshape(-1) for label in patches] + list(every_row.unbind(-1))
+        total = features.new_zeros(())
         for head, label in zip([*self.heads, *self.scene_heads], labels, strict=True):
             total = total + torch.nn.functional.cross_entropy(head(rows), torch.where(label < 0, head.out_features - 1, label))
         return total + torch.nn.functional.binary_cross_entropy_with_logits(self.present(rows), presence(every_row))
@@ -203,8 +185,7 @@ def presence(scenes: torch.Tensor) -> torch.Tensor:
 
 
 def probe_targets(scenes, device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """((colours, shapes, cells) each (images, IMAGE_TOKENS), masks (images, IMAGE_TOKENS, MASK_PIXELS)),
-    and (images, 3 * SCENE_SLOTS)."""
+    """((colours, shapes, cells), each (images, IMAGE_TOKENS)), and (images, 3 * SCENE_SLOTS)."""
     labels = [patch_labels(scene, GRID) for scene in scenes]
     patches = tuple(torch.from_numpy(np.stack(column)).to(device) for column in zip(*labels))
     return patches, torch.from_numpy(np.stack([scene_labels(scene) for scene in scenes])).to(device)
