@@ -87,7 +87,8 @@ def test_the_processor_keeps_the_whole_picture():
 
 
 def test_training_is_reproducible_bit_for_bit(tmp_path):
-    steps = ["--vision-steps", "2", "--steps", "2", "--planned-steps", "2", "--focus-steps", "2",
+    # stage 1 both without and with the picture heads, its pictures drawn by the worker process
+    steps = ["--vision-steps", "3", "--picture-steps", "1", "--steps", "2",
              "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
     digests = []
     for run in ("a", "b"):

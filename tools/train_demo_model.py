@@ -1,13 +1,7 @@
 """Train the shipped demo model `models/tiny-llava-shapes/` from scratch on CPU.
 
-The shipped weights are two runs of this script (about 65 minutes on 2 CPU cores in all; the second
-continues from the first's tower, see 4. below):
-
-    python tools/train_demo_model.py --steps 900 --focus-steps 0 --out /tmp/demo-stage2
-    python tools/train_demo_model.py --init /tmp/demo-stage2 --seed 1 --vision-steps 3000 --vision-lr 1e-3 \
-        --steps 0 --planned-steps 0
-
-    python tools/train_demo_model.py --vision-steps 3 --steps 3 --planned-steps 3 --focus-steps 3 --out /tmp/quick
+    python tools/train_demo_model.py                  # the shipped weights: about 60 minutes on 2 cores
+    python tools/train_demo_model.py --vision-steps 3 --picture-steps 1 --steps 3 --out /tmp/quick
 
 In: nothing but fixed seeds (the same seeds and thread count give the same bytes). Out: a Hugging
 Face folder (`LlavaForConditionalGeneration` with a CLIP vision tower, a 2-layer GELU projector and a
@@ -18,36 +12,28 @@ result through the host, on these pictures and on another renderer's.
 
 What made it work, and why (plain end-to-end training from scratch learned colours but not shapes,
 and answered every two-image question the same way):
-0. The processor squashes the whole picture to 128 x 128 (16-px patches: still 64 image rows) and
-   crops nothing, and the pictures put shapes anywhere on the whole picture: a centre crop threw
-   away the edges of non-square pictures, and with them the answer to "Where is the shape?".
-1. Vision warm-up: the tower and projector alone learn to name, for every patch, the colour and
-   shape of the shape covering it, and that shape's grid cell (linear probes, dropped afterwards).
-   Shapes are then readable from any patch of the shape, two shapes stay apart, and each shape's
-   rows say where it is: the language model reads the position from the rows' content instead of
-   counting rows.
-2. Chats, with a curriculum: single-image questions first, then two-image questions and chats with
-   history, the tower at a lower learning rate, loss on every answer whose pictures are real. This
-   language model learned to name, count and place shapes, but never to match a word of the
-   question against the pictures ("Which image has the blue shape?" was answered from the newest
-   picture), and more steps on such questions did not change that.
-3. So a fresh language model is trained on the frozen tower, meeting colour-matching questions from
-   its first steps, with a probe on the question's colour word (third layer) that must say which
-   picture holds that colour, or none. Without the probe, two-image answers stayed at chance (a fresh
-   language model for 900 steps, the stage-2 one for 700 more): the lookup is useless until its
-   read-out exists and vice versa. With it they jumped from chance to over 90% after about 1300 steps.
-4. Shapes are learned late and suddenly: on varied pictures (sizes, aspect ratios, edges, outlines)
-   the probe named the shape of under half of the shape patches for about 4000 vision steps, then
-   over 85% within 1500 more. The second run gives the tower 3000 more vision steps (fresh probes,
-   fresh pictures from seed 1) before stage 3; the stage-2 language model is discarded by stage 3
-   anyway.
-An order probe on image rows (first or second picture of its message?) runs in stages 2 and 3.
-
-WIP (issue 17, this branch): the picture heads (see PatchProbe) make the stage-3 lookup work on the
-whole-picture tower: two-image order 100% and yes/no 88-95% (n=60), where without them both stayed
-at chance for 2400 steps. Shape is what is left: `python tools/train_demo_model.py --vision-steps 6000
---vision-lr 1e-3 --steps 0 --planned-steps 0` reached about half of the shape patches named by step
-3900; with a per-patch mask head and 2-D sine/cosine position starts it did not click in 6000 steps.
+0. The processor squashes the whole picture to 128 x 128 (16-px patches: 64 image rows) and crops
+   nothing, and the pictures put shapes anywhere on the whole picture: a centre crop threw away the
+   edges of non-square pictures, and with them the answer to "Where is the shape?".
+1. Stage 1, the vision tower and projector alone (no language model: cheap), with linear probes
+   that are dropped afterwards:
+   - patch heads name, for every image row, the colour and shape covering its patch and that
+     shape's grid cell. Shapes are then readable from any patch of the shape, two shapes stay apart,
+     and each shape's rows say where it is. Shapes are learned late and suddenly: under half of the
+     shape patches named for about 2000 steps, then over 90% by step 4000.
+   - picture heads (the last --picture-steps) make every row of an image name the picture's shapes
+     in reading order and which colours and shapes it holds, so the language model answers "Which
+     image has the red shape?" by reading any row of each picture. Without them the two-picture
+     lookup stayed at chance for 2400 chat steps. With them from the start, shape was never
+     learned (at chance after 6600 steps): their loss drowns the patch heads' shape signal.
+2. Stage 2, a language model on the frozen tower, on chats: colour-matching questions ("Is there a
+   blue shape?") from its first steps, then two-image questions and chats with 0-2 earlier turns,
+   with a probe on the question's colour or shape word that must say which picture holds it, or
+   none, and an order probe on image rows (first or second picture of its message?). Without the
+   query probe, two-image answers stayed at chance: the lookup is useless until its read-out exists
+   and vice versa.
+Stage 1's pictures are drawn by a DataLoader worker from per-step seeds while the tower trains (0.26
+s/step on 2 cores rather than 0.37); stage 2 runs at about 0.58 s/step.
 """
 from __future__ import annotations
 
@@ -293,7 +279,7 @@ def chat_loss(model, probes: Probes, batch: dict[str, torch.Tensor]) -> tuple[to
 
 class Probes(torch.nn.Module):
     """Training-only heads, dropped afterwards: `patch` (see PatchProbe); `order`, which names from
-    an image row inside the LM whether its image is its message's first or second; `query` (stage 3),
+    an image row inside the LM whether its image is its message's first or second; `query` (stage 2),
     which names from the question's colour/shape word the picture holding it (first, second, none)."""
 
     def __init__(self, hidden: int, query: bool = False, query_weight: float = 1.0):
@@ -367,65 +353,37 @@ def pretrain_vision(model, processor, probes: Probes, steps: int, picture_steps:
     torch.set_num_threads(threads)
 
 
-def curriculum_sample(rng: random.Random, progress: float) -> Sample:
-    """Single-image questions and text first; then two-image questions and history."""
-    if progress < 0.25:
-        last = single_image_turn(rng) if rng.random() < 0.85 else text_turn(rng)
-        return make_sample(rng, 0, last)
-    earlier = rng.choices([0, 1, 2], weights=[6, 3, 1])[0]
-    maker = rng.choices([single_image_turn, two_image_turn, text_turn], weights=[5, 4, 1])[0]
-    return make_sample(rng, earlier, maker(rng))
-
-
-def train_chats(model, tokenizer, processor, probes: Probes, steps: int, planned: int, batch_size: int, lr: float,
-                vision_lr_scale: float, rng: random.Random, device, checkpoint=None, every: int = 250,
-                check_n: int = 32) -> None:
-    """Stage 2: the whole model on chats, answer tokens only, plus the probe loss. The curriculum and
-    the learning rate follow a plan of `planned` steps, of which `steps` run."""
-    vision = vision_parameters(model)
-    vision_ids = {id(p) for p in vision}
-    language = [p for p in model.parameters() if id(p) not in vision_ids]
-    optimizer = torch.optim.AdamW([{"params": language, "peak": lr},
-                                   {"params": vision + list(probes.patch.parameters()), "peak": lr * vision_lr_scale},
-                                   {"params": list(probes.order.parameters()), "peak": lr}],
-                                  weight_decay=0.01, betas=(0.9, 0.98))
-    run_chat_steps(model, processor, probes, optimizer, language + vision + list(probes.parameters()),
-                   lambda progress: collate([curriculum_sample(rng, progress) for _ in range(batch_size)],
-                                            tokenizer, processor, device),
-                   steps, planned, "step", device, checkpoint, every, check_n)
-
-
 def vision_parameters(model) -> list[torch.nn.Parameter]:
     inner = model.model
     return [*inner.vision_tower.parameters(), *inner.multi_modal_projector.parameters()]
 
 
-def run_chat_steps(model, processor, probes: Probes, optimizer, params: list, make_batch, steps: int, planned: int,
-                   label: str, device, checkpoint=None, every: int = 300, check_n: int = 32) -> None:
-    """The chat stages' loop: `make_batch(progress)` -> answer loss + half the probe loss; the learning
-    rate follows a plan of `planned` steps; a quick check and `checkpoint()` every `every` steps."""
+def run_chat_steps(model, processor, probes: Probes, optimizer, params: list, make_batch, steps: int, device,
+                   checkpoint=None, every: int = 300, check_n: int = 32) -> None:
+    """Stage 2's loop: `make_batch(progress)` -> answer loss + half the probe loss; a quick check and
+    `checkpoint()` every `every` steps."""
     model.train()
     start = time.time()
     for step in range(steps):
-        batch = make_batch(step / planned)
-        set_lr(optimizer, step, planned)
+        batch = make_batch(step / steps)
+        set_lr(optimizer, step, steps)
         loss, aux = chat_loss(model, probes, batch)
         optimizer.zero_grad(set_to_none=True)
         (loss + 0.5 * aux).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % 50 == 0 or step == steps - 1:
-            print(f"{label} {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  {time.time() - start:6.0f}s",
+            print(f"chat step {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  {time.time() - start:6.0f}s",
                   flush=True)
         if checkpoint is not None and (step + 1) % every == 0 and step + 1 < steps:
-            print(f"{label} {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}", flush=True)
+            print(f"chat step {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}", flush=True)
             checkpoint()
             model.train()
     model.eval()
 
 
-def focus_sample(rng: random.Random, progress: float) -> Sample:
-    """Stage 3's mix: colour matching ("Is there a blue shape?") early, two-image questions later,
+def chat_sample(rng: random.Random, progress: float) -> Sample:
+    """Stage 2's mix: colour matching ("Is there a blue shape?") early, two-image questions later,
     single-image questions, text and chats with history throughout."""
     makers = [single_image_turn, presence_turn, two_image_turn, text_turn]
     weights = [4, 4, 1, 1] if progress < 0.3 else [3, 2, 4, 1]
@@ -433,18 +391,15 @@ def focus_sample(rng: random.Random, progress: float) -> Sample:
     return make_sample(rng, earlier, rng.choices(makers, weights=weights)[0](rng))
 
 
-def focus_two_images(model, tokenizer, processor, steps: int, batch_size: int, lr: float, seed: int, device,
-                     checkpoint=None, every: int = 300, check_n: int = 32, query_weight: float = 1.0,
-                     tower_lr_scale: float = 0.0) -> None:
-    """Stage 3: a fresh language model on the frozen vision tower and projector, on `focus_sample`.
+def train_chats(model, tokenizer, processor, steps: int, batch_size: int, lr: float, seed: int, device,
+                checkpoint=None, every: int = 300, check_n: int = 32, query_weight: float = 1.0) -> None:
+    """Stage 2: the language model on chats (`chat_sample`), on the frozen vision tower and projector.
 
-    Why: the stage-2 language model named, counted and placed shapes well but never learned to match
-    a word of the question against the pictures: it answered every two-image question from the newest
-    picture ("the second") and every "Is there a blue shape?" with "Yes.", and 600 more steps on
-    such questions did not change that. A fresh language model meets colour matching from its first
-    steps, and the query probe (see `chat_loss`) supervises the lookup at the question's word, where
-    it happens. Own seeds (data, the fresh weights and probes), so a run resumed from a stage-2
-    checkpoint (`--resume`) matches a full run."""
+    The language model meets colour matching from its first steps, and the query probe (see
+    `chat_loss`) supervises the lookup at the question's word, where it happens: without it two-image
+    answers stayed at chance (every two-image question answered from the newest picture). Own seeds
+    (data, the language model's weights, probes), so `--resume` from the stage-1 checkpoint matches a
+    full run."""
     rng = random.Random(seed + 3)
     torch.manual_seed(seed + 3)
     fresh = type(model)(model.config)
@@ -453,19 +408,16 @@ def focus_two_images(model, tokenizer, processor, steps: int, batch_size: int, l
     torch.manual_seed(seed + 3)
     probes = Probes(model.config.text_config.hidden_size, query=True, query_weight=query_weight).to(device)
     tower = vision_parameters(model)
-    frozen = tower if tower_lr_scale == 0 else []  # the tower learns on (slowly) when tower_lr_scale > 0
-    for param in frozen:
+    for param in tower:
         param.requires_grad_(False)
     tower_ids = {id(p) for p in tower}
     params = [p for p in model.parameters() if id(p) not in tower_ids] + list(probes.parameters())
-    groups = [{"params": params, "peak": lr}] + ([{"params": tower, "peak": lr * tower_lr_scale}] if not frozen else [])
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.01, betas=(0.9, 0.98))
-    params = params + ([] if frozen else tower)
+    optimizer = torch.optim.AdamW([{"params": params, "peak": lr}], weight_decay=0.01, betas=(0.9, 0.98))
     run_chat_steps(model, processor, probes, optimizer, params,
-                   lambda progress: collate([focus_sample(rng, progress) for _ in range(batch_size)],
+                   lambda progress: collate([chat_sample(rng, progress) for _ in range(batch_size)],
                                             tokenizer, processor, device),
-                   steps, steps, "focus step", device, checkpoint, every, check_n)
-    for param in frozen:
+                   steps, device, checkpoint, every, check_n)
+    for param in tower:
         param.requires_grad_(True)
 
 
@@ -508,21 +460,15 @@ def save(model, processor, out: Path) -> None:
 def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--vision-steps", type=int, default=2500)
-    parser.add_argument("--picture-steps", type=int, default=1500, help="stage 1's last steps, with the picture heads")
-    parser.add_argument("--steps", type=int, default=1200, help="stage-2 steps")
-    parser.add_argument("--planned-steps", type=int, default=1800,
-                        help="stage 2's curriculum and learning-rate plan (the shipped run stopped at 1200 of 1800)")
-    parser.add_argument("--focus-steps", type=int, default=2400, help="stage-3 steps")
-    parser.add_argument("--resume", type=Path, help="a saved stage-2 model: run stage 3 only")
-    parser.add_argument("--init", type=Path, help="start stages 1-2 from a saved model's weights (a continued run)")
+    parser.add_argument("--vision-steps", type=int, default=8000, help="stage-1 steps")
+    parser.add_argument("--picture-steps", type=int, default=2500, help="stage 1's last steps, with the picture heads")
     parser.add_argument("--vision-lr", type=float, default=2e-3, help="stage 1's peak learning rate")
-    parser.add_argument("--query-weight", type=float, default=1.0, help="stage 3's query-probe loss weight")
-    parser.add_argument("--tower-lr-scale", type=float, default=0.0, help="stage 3: 0 freezes the tower")
     parser.add_argument("--vision-batch-size", type=int, default=48)
+    parser.add_argument("--steps", type=int, default=2400, help="stage-2 (chat) steps")
+    parser.add_argument("--resume", type=Path, help="a saved stage-1 model (the checkpoint after stage 1): run stage 2 only")
+    parser.add_argument("--query-weight", type=float, default=1.0, help="stage 2's query-probe loss weight")
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--vision-lr-scale", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (the shipped weights) or cuda (quick experiments)")
@@ -533,25 +479,19 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     tokenizer = build_tokenizer()
     processor = build_processor(tokenizer)
     model = build_model(tokenizer, args.seed).to(args.device)
-    if args.init is not None:
-        model.load_state_dict(LlavaForConditionalGeneration.from_pretrained(args.init, dtype=torch.float32).state_dict())
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     start = time.time()
-    rng = random.Random(args.seed)
     checkpoint = lambda: save(model, processor, args.out)
     if args.resume is None:
         probes = Probes(model.config.text_config.hidden_size).to(args.device)
         model.train()
         pretrain_vision(model, processor, probes, args.vision_steps, args.picture_steps, args.vision_batch_size,
                         args.vision_lr, args.seed, args.device)
-        checkpoint()  # the trained tower: `--resume` runs stage 3 from it
-        train_chats(model, tokenizer, processor, probes, args.steps, max(args.steps, args.planned_steps),
-                    args.batch_size, args.lr, args.vision_lr_scale, rng, args.device, checkpoint, args.check_every,
-                    args.check_n)
+        checkpoint()  # the trained tower: `--resume` runs stage 2 from it
     else:
         model = LlavaForConditionalGeneration.from_pretrained(args.resume, dtype=torch.float32).to(args.device)
-    focus_two_images(model, tokenizer, processor, args.focus_steps, args.batch_size, args.lr, args.seed, args.device,
-                     checkpoint, args.check_every, args.check_n, args.query_weight, args.tower_lr_scale)
+    train_chats(model, tokenizer, processor, args.steps, args.batch_size, args.lr, args.seed, args.device,
+                checkpoint, args.check_every, args.check_n, args.query_weight)
     print(f"trained in {time.time() - start:.0f}s")
     save(model.to("cpu"), processor, args.out)
     print(f"final quick check {quick_check(model, processor, 'cpu', args.check_n)}")
