@@ -19,9 +19,10 @@ from PIL import Image, ImageDraw, ImageFont
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from extensions.multimodal.image_codec import store_bytes  # noqa: E402
+# the jpeg format's longest side when the pipeline states none
+from extensions.multimodal.script import DEFAULT_HISTORY_MAX_SIDE  # noqa: E402
 
 SIZES = ((1366, 768), (1920, 1080), (1440, 900), (2560, 1440), (1280, 800))
-JPEG_MAX_SIDE = 1024  # the extension's cap for the jpeg format when the pipeline states none
 
 
 def screenshot(size: tuple[int, int], seed: int) -> bytes:
@@ -53,7 +54,7 @@ def main() -> None:
     for seed, size in enumerate(SIZES):
         sent = screenshot(size, seed)
         exact = len(store_bytes(sent).tag)
-        jpeg = len(store_bytes(sent, history_format="jpeg", max_side=JPEG_MAX_SIDE).tag)
+        jpeg = len(store_bytes(sent, history_format="jpeg", max_side=DEFAULT_HISTORY_MAX_SIDE).tag)
         exact_total, jpeg_total = exact_total + exact, jpeg_total + jpeg
         print(f"{size[0]:>6}x{size[1]:<5} {len(sent) / 1e6:9.2f}M {exact / 1e6:9.2f}M {jpeg / 1e6:9.2f}M")
     print(f"history of all five: exact {exact_total / 1e6:.2f} MB, jpeg {jpeg_total / 1e6:.2f} MB, "

@@ -2,7 +2,8 @@
 
 Conversations go through the host with the multimodal extension, the way `python server.py` runs
 it: pictures sent beside the text as the UI sends them (`state['message_images']`), stored as
-JPEG `<img>` tags, split, embedded by the llava-hf pipeline, stitched and generated greedily.
+`<img>` tags (lossless PNGs of the pictures), split, embedded by the llava-hf pipeline, stitched
+and generated greedily.
 Pictures are fresh (seeds training never used). Transformers' own `generate(**processor(...))` is
 the oracle for the training script's prompt encoding and for the host's answers.
 """
@@ -165,7 +166,7 @@ def test_add_all_images_on_and_off_answers_are_about_the_newest_image(host, add_
 
 
 def test_the_host_answers_as_transformers_does(demo):
-    """Greedy replies through the host equal `generate(**processor(text, images))` on the same JPEGs."""
+    """Greedy replies through the host equal `generate(**processor(text, images))` on the same stored pictures."""
     from extensions.multimodal.image_codec import tag_b64_to_image, tag_payloads
 
     red, blue = one_shape("red", "star", 71), one_shape("blue", "circle", 72)

@@ -5,11 +5,11 @@
     python tools/eval_demo_model.py --renderer independent   # pictures from tools/eval_pictures.py
 
 Each question is a chat turn sent as the UI sends it: the pictures go in `state['message_images']`,
-the extension stores them as JPEG `<img>` tags in the history, splits the prompt, embeds the images
-with the llava-hf pipeline and stitches `inputs_embeds`; the host generates greedily. Pictures are
-fresh: drawn from `--seed`, which training (seed 0 and its stream) never used, by the training
-renderer (`demo_pictures`) or by `--renderer independent` (`eval_pictures`: other code, other shades,
-sizes and edges, positions on the whole picture).
+the extension stores them as `<img>` tags in the history (a lossless PNG of each picture), splits
+the prompt, embeds the images with the llava-hf pipeline and stitches `inputs_embeds`; the host
+generates greedily. Pictures are fresh: drawn from `--seed`, which training (seed 0 and its stream)
+never used, by the training renderer (`demo_pictures`) or by `--renderer independent`
+(`eval_pictures`: other code, other shades, sizes and edges, positions on the whole picture).
 Prints the accuracy per question kind, then one JSON line of those accuracies.
 """
 from __future__ import annotations
