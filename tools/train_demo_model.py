@@ -1,6 +1,6 @@
 """Train the shipped demo model `models/tiny-llava-shapes/` from scratch on CPU.
 
-    python tools/train_demo_model.py                  # the shipped weights: about 60 minutes on 2 cores
+    python tools/train_demo_model.py                  # the shipped weights: about 85 minutes on 2 cores
     python tools/train_demo_model.py --vision-steps 3 --picture-steps 1 --steps 3 --out /tmp/quick
 
 In: nothing but fixed seeds (the same seeds and thread count give the same bytes). Out: a Hugging
@@ -33,7 +33,7 @@ and answered every two-image question the same way):
    query probe, two-image answers stayed at chance: the lookup is useless until its read-out exists
    and vice versa.
 Stage 1's pictures are drawn by a DataLoader worker from per-step seeds while the tower trains (0.26
-s/step on 2 cores rather than 0.37); stage 2 runs at about 0.58 s/step.
+s/step on 2 cores rather than 0.37); stage 2 ran at 0.6-1.1 s/step.
 """
 from __future__ import annotations
 
