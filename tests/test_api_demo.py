@@ -75,9 +75,9 @@ def test_sixteen_concurrent_requests_name_their_own_picture(demo_api):
     assert len(replies) == 16, "every request got an answer"
     right_shapes = 0
     for i, (colour, shape, _) in enumerate(pictures):
-        words = set(replies[i].lower().rstrip(".").split())
-        assert colour in words and not words & (set(COLOURS) - {colour}), f"request {i} ({colour} {shape}) got {replies[i]!r}"
-        assert len(words & set(SHAPES)) == 1, f"request {i} ({colour} {shape}) got {replies[i]!r}"
+        words, said = set(replies[i].lower().rstrip(".").split()), f"request {i} ({colour} {shape}) got {replies[i]!r}"
+        assert colour in words and not words & (set(COLOURS) - {colour}), said
+        assert len(words & set(SHAPES)) == 1, said
         right_shapes += shape in words
     # The demo names about 97% of shapes right (its model card): one small shape may be misnamed.
     assert right_shapes >= 15, replies

@@ -325,9 +325,7 @@ class VisionBatches(torch.utils.data.Dataset):
 def pretrain_vision(model, processor, probes: Probes, steps: int, picture_steps: int, batch_size: int, lr: float,
                     seed: int, device) -> None:
     """Stage 1: tower + projector + probe name each patch's colour and shape (no LM: cheap); the
-    last `picture_steps` add the picture heads. From the start they drown the shape signal: shape
-    stayed at chance for 6600 steps with them (probe loss 2-7), where the patch heads alone
-    learned it after about 4000 (probe loss 0.05-0.13)."""
+    last `picture_steps` add the picture heads (why so late: the module docstring, 1.)."""
     params = vision_parameters(model) + list(probes.patch.parameters())
     optimizer = torch.optim.AdamW([{"params": params, "peak": lr}], weight_decay=0.01)
     start, threads = time.time(), torch.get_num_threads()
@@ -465,7 +463,8 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     parser.add_argument("--vision-lr", type=float, default=2e-3, help="stage 1's peak learning rate")
     parser.add_argument("--vision-batch-size", type=int, default=48)
     parser.add_argument("--steps", type=int, default=2400, help="stage-2 (chat) steps")
-    parser.add_argument("--resume", type=Path, help="a saved stage-1 model (the checkpoint after stage 1): run stage 2 only")
+    parser.add_argument("--resume", type=Path,
+                        help="a saved model: keep its tower (stage 2 never changes it) and run stage 2 only")
     parser.add_argument("--query-weight", type=float, default=1.0, help="stage 2's query-probe loss weight")
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
