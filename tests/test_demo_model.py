@@ -210,9 +210,9 @@ def test_training_script_smoke_run_saves_a_loadable_model(tmp_path):
     from tools import train_demo_model
 
     out = tmp_path / "demo"
-    trained = train_demo_model.main(["--vision-steps", "3", "--picture-steps", "1", "--steps", "3",
-                                     "--vision-batch-size", "4", "--batch-size", "4", "--check-n", "2", "--threads", "1",
-                                     "--out", str(out)])
+    trained = train_demo_model.main(["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2",
+                                     "--steps", "3", "--vision-batch-size", "4", "--batch-size", "4",
+                                     "--check-n", "2", "--threads", "1", "--out", str(out)])
     model = AutoModelForImageTextToText.from_pretrained(out)
     processor = AutoProcessor.from_pretrained(out)
     rng = random.Random(0)

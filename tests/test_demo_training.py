@@ -14,10 +14,15 @@ import random
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
-from tools.demo_pictures import COLOURS, CENTER, CELL_HALF, SHAPES, draw_scene, patch_labels, random_scene, scene_labels
-from tools.train_demo_model import GRID, build_processor, build_tokenizer
+from tools.demo_pictures import (
+    COLOURS, CENTER, CELL_HALF, SHAPES, draw_scene, patch_labels, picture, random_scene, scene_labels,
+)
+from tools.demo_architecture import GRID, build_model, build_processor, build_tokenizer, image_features
+from tools.demo_chats import IMAGE_TOKENS
+from tools.demo_vision_stage import VisionProbe, picture_weight, presence, probe_targets
 from tools.train_demo_model import main as train
 
 
@@ -87,11 +92,66 @@ def test_the_processor_keeps_the_whole_picture():
 
 
 def test_training_is_reproducible_bit_for_bit(tmp_path):
-    # stage 1 both without and with the picture heads, its pictures drawn by the worker process
-    steps = ["--vision-steps", "3", "--picture-steps", "1", "--steps", "2",
+    # stage 1 both without and with the picture heads, its pictures drawn by the worker process, then
+    # the spread phase (every row names what its picture holds)
+    steps = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
              "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
     digests = []
     for run in ("a", "b"):
         train(steps + ["--out", str(tmp_path / run)])
         digests.append(hashlib.sha256((tmp_path / run / "model.safetensors").read_bytes()).hexdigest())
     assert digests[0] == digests[1]
+
+
+def test_the_resume_chain_gives_the_bytes_of_one_run(tmp_path):
+    """Stage 1, then `--resume-at spread`, then `--resume` (how long runs are split) == one run."""
+    steps = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
+             "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
+    train(steps + ["--out", str(tmp_path / "whole")])
+    train(steps + ["--spread-steps", "0", "--steps", "0", "--out", str(tmp_path / "tower")])
+    train(steps + ["--resume", str(tmp_path / "tower"), "--resume-at", "spread", "--steps", "0",
+                   "--out", str(tmp_path / "spread")])
+    train(steps + ["--resume", str(tmp_path / "spread"), "--out", str(tmp_path / "chained")])
+    weights = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("whole", "chained", "tower")]
+    assert weights[0] == weights[1] and weights[0] != weights[2]
+
+
+def test_the_cls_probe_joins_late_and_ramps_up():
+    """Stage 1's whole-picture probe is off before its last steps, then rises to full weight."""
+    weights = [picture_weight(step, steps=100, picture_steps=40, ramp=10) for step in range(100)]
+    assert weights[:60] == [0.0] * 60
+    assert weights[60] == 0.1 and weights[64] == 0.5 and weights[69:] == [1.0] * 31
+    assert all(a <= b for a, b in zip(weights, weights[1:]))
+
+
+def test_the_language_model_gets_the_cls_row_then_every_patch_row():
+    """The rows the training probes shape are the rows the processor makes room for, CLS first."""
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=0)
+    pixels = build_processor(tokenizer).image_processor(Image.new("RGB", (90, 60), "white"), return_tensors="pt")
+    features = image_features(model, pixels["pixel_values"])
+    assert features.shape == (1, IMAGE_TOKENS, model.config.text_config.hidden_size) and IMAGE_TOKENS == GRID * GRID + 1
+    layers = model.model.vision_tower(pixels["pixel_values"], output_hidden_states=True).hidden_states
+    assert torch.allclose(features[0], model.model.multi_modal_projector(layers[-1])[0])  # CLS kept, last layer
+
+
+
+
+def test_the_spread_phase_asks_every_row_what_its_picture_holds():
+    """A present head that reads the picture's contents off a row: rows that do not carry them cost
+    nothing while only CLS is asked, and count once every row is (the spread phase)."""
+    rng = random.Random(4)
+    patches, scenes = probe_targets([random_scene(rng) for _ in range(3)])
+    held = presence(scenes)  # (pictures, colours + shapes)
+    probe = VisionProbe(hidden=held.shape[1])
+    with torch.no_grad():
+        for head in probe.patch_heads:
+            head.weight.zero_()  # the other heads' losses stay the same whatever the rows hold
+        probe.present.weight.copy_(10 * torch.eye(held.shape[1]))
+        probe.present.bias.fill_(-5.0)  # a row holding the target: logits +-5
+    only_cls = torch.zeros(3, GRID * GRID + 1, held.shape[1])
+    only_cls[:, 0] = held
+    everywhere = held.unsqueeze(1).expand(-1, GRID * GRID + 1, -1).clone()
+    loss = lambda features, every_row: probe.loss(features, patches, scenes, 1.0, every_row).item()
+    assert loss(only_cls, every_row=True) > loss(only_cls, every_row=False) + 0.5
+    assert loss(everywhere, every_row=True) == pytest.approx(loss(only_cls, every_row=False), abs=1e-3)

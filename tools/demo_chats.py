@@ -17,7 +17,7 @@ from PIL import Image
 from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene, picture, random_scene
 
 IMAGE_MARK = "<image>"
-IMAGE_TOKENS = 64  # (128 px / 16 px patches) ** 2; CLS dropped ('default' strategy)
+IMAGE_TOKENS = 65  # the CLS row, then (192 px / 24 px patches) ** 2 patch rows (demo_architecture)
 
 SHAPE_QUESTIONS = ("What shape is this?", "What shape is it?", "Which shape is this?", "What is the shape?",
                    "what shape is this")
