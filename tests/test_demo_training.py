@@ -5,7 +5,10 @@
   labels put it in the same cell of the processor's square; the picture labels list its shapes in
   reading order.
 - The processor crops nothing: a mark at a picture's very edge reaches the model's pixels.
-- Training is reproducible bit for bit from its seed (two short runs, byte-identical weights).
+- Training is reproducible bit for bit from its seed (two short runs, byte-identical weights), also
+  when a run is split with `--resume`.
+- The language model gets the CLS row and every patch row; stage 1's probes ask for what each
+  phase is meant to teach (the CLS heads late and ramped, every row in the spread phase).
 """
 from __future__ import annotations
 
@@ -91,27 +94,27 @@ def test_the_processor_keeps_the_whole_picture():
     assert red_minus_green[:, 0].min() > 1.0 and abs(red_minus_green[:, -1]).max() < 0.2
 
 
+TINY_RUN = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
+            "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
+
+
 def test_training_is_reproducible_bit_for_bit(tmp_path):
     # stage 1 both without and with the picture heads, its pictures drawn by the worker process, then
     # the spread phase (every row names what its picture holds)
-    steps = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
-             "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
     digests = []
     for run in ("a", "b"):
-        train(steps + ["--out", str(tmp_path / run)])
+        train(TINY_RUN + ["--out", str(tmp_path / run)])
         digests.append(hashlib.sha256((tmp_path / run / "model.safetensors").read_bytes()).hexdigest())
     assert digests[0] == digests[1]
 
 
 def test_the_resume_chain_gives_the_bytes_of_one_run(tmp_path):
     """Stage 1, then `--resume-at spread`, then `--resume` (how long runs are split) == one run."""
-    steps = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
-             "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
-    train(steps + ["--out", str(tmp_path / "whole")])
-    train(steps + ["--spread-steps", "0", "--steps", "0", "--out", str(tmp_path / "tower")])
-    train(steps + ["--resume", str(tmp_path / "tower"), "--resume-at", "spread", "--steps", "0",
-                   "--out", str(tmp_path / "spread")])
-    train(steps + ["--resume", str(tmp_path / "spread"), "--out", str(tmp_path / "chained")])
+    train(TINY_RUN + ["--out", str(tmp_path / "whole")])
+    train(TINY_RUN + ["--spread-steps", "0", "--steps", "0", "--out", str(tmp_path / "tower")])
+    train(TINY_RUN + ["--resume", str(tmp_path / "tower"), "--resume-at", "spread", "--steps", "0",
+                      "--out", str(tmp_path / "spread")])
+    train(TINY_RUN + ["--resume", str(tmp_path / "spread"), "--out", str(tmp_path / "chained")])
     weights = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("whole", "chained", "tower")]
     assert weights[0] == weights[1] and weights[0] != weights[2]
 
@@ -133,8 +136,6 @@ def test_the_language_model_gets_the_cls_row_then_every_patch_row():
     assert features.shape == (1, IMAGE_TOKENS, model.config.text_config.hidden_size) and IMAGE_TOKENS == GRID * GRID + 1
     layers = model.model.vision_tower(pixels["pixel_values"], output_hidden_states=True).hidden_states
     assert torch.allclose(features[0], model.model.multi_modal_projector(layers[-1])[0])  # CLS kept, last layer
-
-
 
 
 def test_the_spread_phase_asks_every_row_what_its_picture_holds():

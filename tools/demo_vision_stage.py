@@ -58,10 +58,9 @@ class VisionProbe(torch.nn.Module):
         cls = features[:, 0]
         whole = sum(head_loss(head, cls, label)
                     for head, label in zip(self.picture_heads, scenes.unbind(-1), strict=True))
-        held = features if every_row else cls  # (images, rows, hidden) or (images, hidden)
-        target = presence(scenes)
-        if every_row:
-            target = target.unsqueeze(1).expand(-1, features.shape[1], -1)
+        held, target = cls, presence(scenes)
+        if every_row:  # every row, CLS included, is asked what its picture holds
+            held, target = features, target.unsqueeze(1).expand(-1, features.shape[1], -1)
         whole = whole + torch.nn.functional.binary_cross_entropy_with_logits(self.present(held), target)
         return total + picture_weight * whole
 

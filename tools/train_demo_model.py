@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     model = build_model(tokenizer, args.seed).to(args.device)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     start = time.time()
-    checkpoint = lambda: save(model, processor, args.out)
+    checkpoint = lambda: save(model, processor, args.out)  # whichever `model` holds when called
     if args.resume is None:
         pretrain_vision(model, processor, args.vision_steps, args.picture_steps, args.picture_ramp,
                         args.vision_batch_size, args.vision_lr, args.seed, args.device)
