@@ -6,7 +6,7 @@
   reading order.
 - The processor crops nothing: a mark at a picture's very edge reaches the model's pixels.
 - Training is reproducible bit for bit from its seed (two short runs, byte-identical weights), also
-  when a run is split with `--resume`.
+  when a run is split with `--resume`; stage 3 tunes the tower that stage 2 keeps frozen.
 - The language model gets the CLS row and every patch row; stage 1's probes ask for what each
   phase is meant to teach (the CLS heads late and ramped, every row in the spread phase).
 """
@@ -19,11 +19,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import LlavaForConditionalGeneration
 
 from tools.demo_pictures import (
     COLOURS, CENTER, CELL_HALF, SHAPES, draw_scene, patch_labels, picture, random_scene, scene_labels,
 )
-from tools.demo_architecture import GRID, build_model, build_processor, build_tokenizer, image_features
+from tools.demo_architecture import (
+    GRID, build_model, build_processor, build_tokenizer, image_features, vision_parameters,
+)
 from tools.demo_chats import IMAGE_TOKENS
 from tools.demo_vision_stage import VisionProbe, picture_weight, presence, probe_targets
 from tools.train_demo_model import main as train
@@ -95,7 +98,8 @@ def test_the_processor_keeps_the_whole_picture():
 
 
 TINY_RUN = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
-            "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1", "--threads", "2"]
+            "--polish-steps", "2", "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1",
+            "--threads", "2"]
 
 
 def test_training_is_reproducible_bit_for_bit(tmp_path):
@@ -109,14 +113,33 @@ def test_training_is_reproducible_bit_for_bit(tmp_path):
 
 
 def test_the_resume_chain_gives_the_bytes_of_one_run(tmp_path):
-    """Stage 1, then `--resume-at spread`, then `--resume` (how long runs are split) == one run."""
+    """Stage 1, then `--resume-at spread`, `--resume` (stage 2) and `--resume-at polish` (how long
+    runs are split) == one run."""
     train(TINY_RUN + ["--out", str(tmp_path / "whole")])
-    train(TINY_RUN + ["--spread-steps", "0", "--steps", "0", "--out", str(tmp_path / "tower")])
-    train(TINY_RUN + ["--resume", str(tmp_path / "tower"), "--resume-at", "spread", "--steps", "0",
+    no_more = ["--steps", "0", "--polish-steps", "0"]
+    train(TINY_RUN + ["--spread-steps", "0", *no_more, "--out", str(tmp_path / "tower")])
+    train(TINY_RUN + ["--resume", str(tmp_path / "tower"), "--resume-at", "spread", *no_more,
                       "--out", str(tmp_path / "spread")])
-    train(TINY_RUN + ["--resume", str(tmp_path / "spread"), "--out", str(tmp_path / "chained")])
-    weights = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("whole", "chained", "tower")]
-    assert weights[0] == weights[1] and weights[0] != weights[2]
+    train(TINY_RUN + ["--resume", str(tmp_path / "spread"), "--polish-steps", "0", "--out", str(tmp_path / "chat")])
+    train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", "--out", str(tmp_path / "chained")])
+    weights = {run: (tmp_path / run / "model.safetensors").read_bytes() for run in ("whole", "chained", "tower", "chat")}
+    assert weights["whole"] == weights["chained"]
+    assert weights["whole"] not in (weights["tower"], weights["chat"])
+
+
+def test_stage_3_tunes_the_tower_that_stage_2_keeps(tmp_path):
+    """Stage 2 trains the language model on a frozen tower; stage 3 trains both (the tower at its own
+    rate, or not at all with rate 0)."""
+    train(TINY_RUN + ["--polish-steps", "0", "--out", str(tmp_path / "chat")])
+    for run, rate in (("tuned", "1e-3"), ("kept", "0")):
+        train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", "--polish-tower-lr", rate,
+                          "--out", str(tmp_path / run)])
+    flat = lambda params: torch.cat([p.flatten() for p in params])
+    models = {run: LlavaForConditionalGeneration.from_pretrained(tmp_path / run) for run in ("chat", "tuned", "kept")}
+    tower = {run: flat(vision_parameters(model)) for run, model in models.items()}
+    head = {run: flat(model.lm_head.parameters()) for run, model in models.items()}
+    assert torch.equal(tower["chat"], tower["kept"]) and not torch.equal(tower["chat"], tower["tuned"])
+    assert not torch.equal(head["chat"], head["kept"])
 
 
 def test_the_cls_probe_joins_late_and_ramps_up():

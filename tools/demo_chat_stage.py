@@ -1,16 +1,20 @@
-"""Stage 2 of the demo model's training: a fresh language model on chats, on the frozen tower.
+"""Stages 2 and 3 of the demo model's training: a fresh language model on chats, on the frozen
+tower; then the whole model.
 
 In: a model whose tower and projector stage 1 trained (`demo_vision_stage`), a tokenizer and
-processor from `demo_architecture`. Out: the same model with its language model and `lm_head`
-trained; the tower and projector are not changed (so `--resume` from any saved model reruns exactly
-this stage). Chats come from `demo_chats`, encoded as the multimodal extension encodes a prompt.
+processor from `demo_architecture`. Out: stage 2 trains the language model and `lm_head` and leaves
+the tower and projector as they are (so `--resume` from any saved model reruns exactly this stage);
+stage 3 (`polish_chats`) trains everything, the tower at a lower rate, on a mix in which half the
+chats describe a two-shape picture: the answer that needs the most from the tower (both shapes and
+colours in reading order) and the one stage 2 left weakest. Chats come from `demo_chats`, encoded as
+the multimodal extension encodes a prompt.
 
-Two probes on the language model's hidden states (training only, not saved) make the two-picture
-lookup learnable: an order probe on image rows (is the row's picture the first or the second of its
-message?), and a query probe on the question's colour or shape word ("Which image has the blue
-shape?"): which picture holds it, or none. Without the query probe two-image answers stayed at
-chance: the lookup is useless until its read-out exists and vice versa. Both need every image row
-to carry what its picture holds (stage 1's last phase).
+Stage 2 has two probes on the language model's hidden states (training only, not saved) that make
+the two-picture lookup learnable: an order probe on image rows (is the row's picture the first or
+the second of its message?), and a query probe on the question's colour or shape word ("Which image
+has the blue shape?"): which picture holds it, or none. Without the query probe two-image answers
+stayed at chance: the lookup is useless until its read-out exists and vice versa. Both need every
+image row to carry what its picture holds (stage 1's last phase). Stage 3 needs them no more.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from tools.demo_chats import (
     text_turn,
     two_image_turn,
 )
+from tools.demo_pictures import random_scene
 from tools.demo_schedule import set_lr
 
 ORDER_PROBE_LAYER = 2  # hidden_states index: the output of the LM's second layer
@@ -113,27 +118,33 @@ class ChatProbes(torch.nn.Module):
         self.query = torch.nn.Linear(hidden, 3)
 
 
-def chat_loss(model, probes: ChatProbes, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def chat_loss(model, probes: ChatProbes | None, batch: dict[str, torch.Tensor],
+              tune_tower: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy on the answer tokens (image rows filled as the extension fills them), and the
-    probes' loss."""
+    probes' loss (zero without probes). The tower gets gradients only with `tune_tower`."""
     embeds = model.get_input_embeddings()(batch["ids"])  # (batch, seq, hidden)
     if "pixel_values" in batch:
-        with torch.no_grad():  # the tower is frozen
+        with torch.set_grad_enabled(tune_tower):
             features = image_features(model, batch["pixel_values"])  # (images, IMAGE_TOKENS, hidden)
         embeds = embeds.masked_scatter(batch["feature_mask"].unsqueeze(-1), features.to(embeds.dtype))
     out = model.model.language_model(inputs_embeds=embeds, attention_mask=batch["attention_mask"],
                                      output_hidden_states=True)
-    aux = embeds.new_zeros(())
-    if "pixel_values" in batch:
-        rows = out.hidden_states[ORDER_PROBE_LAYER][batch["feature_mask"]]  # (image rows, hidden), in image order
-        aux = aux + torch.nn.functional.cross_entropy(probes.order(rows), batch["slots"])
-    if "query_rows" in batch:
-        words = out.hidden_states[QUERY_PROBE_LAYER][batch["query_rows"], batch["query_positions"]]  # (queries, hidden)
-        aux = aux + probes.query_weight * torch.nn.functional.cross_entropy(probes.query(words), batch["query_labels"])
+    aux = probe_loss(probes, out.hidden_states, batch) if probes is not None else embeds.new_zeros(())
     targets = batch["labels"][:, 1:]
     picked = targets != -100  # only answer positions go through lm_head
     logits = model.lm_head(out.last_hidden_state[:, :-1][picked])
     return torch.nn.functional.cross_entropy(logits, targets[picked]), aux
+
+
+def probe_loss(probes: ChatProbes, hidden_states, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    loss = hidden_states[0].new_zeros(())
+    if "pixel_values" in batch:
+        rows = hidden_states[ORDER_PROBE_LAYER][batch["feature_mask"]]  # (image rows, hidden), in image order
+        loss = loss + torch.nn.functional.cross_entropy(probes.order(rows), batch["slots"])
+    if "query_rows" in batch:
+        words = hidden_states[QUERY_PROBE_LAYER][batch["query_rows"], batch["query_positions"]]  # (queries, hidden)
+        loss = loss + probes.query_weight * torch.nn.functional.cross_entropy(probes.query(words), batch["query_labels"])
+    return loss
 
 
 # -- Training ---------------------------------------------------------------------------------
@@ -149,31 +160,70 @@ def train_chats(model, tokenizer, processor, steps: int, batch_size: int, lr: fl
     model.lm_head.load_state_dict(fresh.lm_head.state_dict())
     torch.manual_seed(seed + 3)
     probes = ChatProbes(model.config.text_config.hidden_size, query_weight).to(device)
-    tower = vision_parameters(model)
-    for param in tower:
+    groups = [{"params": language_parameters(model) + list(probes.parameters()), "peak": lr}]
+    run_steps(model, processor, groups, lambda step: chat_sample(rng, step / steps), steps,
+              lambda batch: chat_loss(model, probes, batch), "chat", tokenizer, batch_size, device,
+              checkpoint, every, check_n)
+
+
+def polish_sample(rng: random.Random) -> Sample:
+    """Stage 3's mix: a two-shape picture described (the longest answer about a picture: both
+    shapes and colours, in reading order) as often as stage 2's late mix, so nothing else fades."""
+    if rng.random() < 0.5:
+        turn = single_image_turn(rng, "describe", random_scene(rng, count=2))
+        return make_sample(rng, rng.choices([0, 1, 2], weights=[6, 3, 1])[0], turn)
+    return chat_sample(rng, 1.0)
+
+
+def polish_chats(model, tokenizer, processor, steps: int, batch_size: int, lr: float, tower_lr: float, seed: int,
+                 device, checkpoint=None, every: int = 300, check_n: int = 32) -> None:
+    """Stage 3: the whole model on chats, the tower at `tower_lr` (0: frozen), no probes. Its own
+    seeds, so `--resume-at polish` from stage 2's checkpoint gives what a full run gives."""
+    rng = random.Random(seed + 5)
+    torch.manual_seed(seed + 5)
+    groups = [{"params": language_parameters(model), "peak": lr}]
+    if tower_lr > 0:
+        groups.append({"params": vision_parameters(model), "peak": tower_lr})
+    run_steps(model, processor, groups, lambda step: polish_sample(rng), steps,
+              lambda batch: chat_loss(model, None, batch, tune_tower=tower_lr > 0), "polish", tokenizer,
+              batch_size, device, checkpoint, every, check_n)
+
+
+def language_parameters(model) -> list[torch.nn.Parameter]:
+    tower = {id(p) for p in vision_parameters(model)}
+    return [p for p in model.parameters() if id(p) not in tower]
+
+
+def run_steps(model, processor, groups: list[dict], sample, steps: int, loss_of, label: str, tokenizer,
+              batch_size: int, device, checkpoint, every: int, check_n: int) -> None:
+    """AdamW over `groups` (each with its "peak" rate) on batches of `sample(step)`; the parameters
+    outside them are frozen meanwhile. A quick check and a checkpoint every `every` steps."""
+    params = [p for group in groups for p in group["params"]]
+    trained = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if id(p) not in trained]
+    for param in frozen:
         param.requires_grad_(False)
-    tower_ids = {id(p) for p in tower}
-    params = [p for p in model.parameters() if id(p) not in tower_ids] + list(probes.parameters())
-    optimizer = torch.optim.AdamW([{"params": params, "peak": lr}], weight_decay=0.01, betas=(0.9, 0.98))
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     start = time.time()
     for step in range(steps):
-        batch = collate([chat_sample(rng, step / steps) for _ in range(batch_size)], tokenizer, processor, device)
+        batch = collate([sample(step) for _ in range(batch_size)], tokenizer, processor, device)
         set_lr(optimizer, step, steps)
-        loss, aux = chat_loss(model, probes, batch)
+        loss, aux = loss_of(batch)
         optimizer.zero_grad(set_to_none=True)
         (loss + 0.5 * aux).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % 50 == 0 or step == steps - 1:
-            print(f"chat step {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  {time.time() - start:6.0f}s",
-                  flush=True)
+            print(f"{label} step {step:5d}  loss {loss.item():.4f}  probe {aux.item():.4f}  "
+                  f"{time.time() - start:6.0f}s", flush=True)
         if checkpoint is not None and (step + 1) % every == 0 and step + 1 < steps:
-            print(f"chat step {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}", flush=True)
+            print(f"{label} step {step + 1:5d}  quick check {quick_check(model, processor, device, check_n)}",
+                  flush=True)
             checkpoint()
             model.train()
     model.eval()
-    for param in tower:
+    for param in frozen:
         param.requires_grad_(True)
 
 
