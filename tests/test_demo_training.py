@@ -122,7 +122,8 @@ def test_the_resume_chain_gives_the_bytes_of_one_run(tmp_path):
                       "--out", str(tmp_path / "spread")])
     train(TINY_RUN + ["--resume", str(tmp_path / "spread"), "--polish-steps", "0", "--out", str(tmp_path / "chat")])
     train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", "--out", str(tmp_path / "chained")])
-    weights = {run: (tmp_path / run / "model.safetensors").read_bytes() for run in ("whole", "chained", "tower", "chat")}
+    runs = ("whole", "chained", "tower", "chat")
+    weights = {run: (tmp_path / run / "model.safetensors").read_bytes() for run in runs}
     assert weights["whole"] == weights["chained"]
     assert weights["whole"] not in (weights["tower"], weights["chat"])
 

@@ -100,8 +100,13 @@ def chat_sample(rng: random.Random, progress: float) -> Sample:
     single-image questions, text and chats with history throughout."""
     makers = [single_image_turn, presence_turn, two_image_turn, text_turn]
     weights = [4, 4, 1, 1] if progress < 0.3 else [3, 2, 4, 1]
-    earlier = 0 if progress < 0.3 else rng.choices([0, 1, 2], weights=[6, 3, 1])[0]
+    earlier = 0 if progress < 0.3 else earlier_turns(rng)
     return make_sample(rng, earlier, rng.choices(makers, weights=weights)[0](rng))
+
+
+def earlier_turns(rng: random.Random) -> int:
+    """How many finished turns come before the one answered, once chats have history."""
+    return rng.choices([0, 1, 2], weights=[6, 3, 1])[0]
 
 
 # -- The loss ---------------------------------------------------------------------------------
@@ -118,14 +123,13 @@ class ChatProbes(torch.nn.Module):
         self.query = torch.nn.Linear(hidden, 3)
 
 
-def chat_loss(model, probes: ChatProbes | None, batch: dict[str, torch.Tensor],
-              tune_tower: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def chat_loss(model, probes: ChatProbes | None, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy on the answer tokens (image rows filled as the extension fills them), and the
-    probes' loss (zero without probes). The tower gets gradients only with `tune_tower`."""
+    probes' loss (zero without probes). The tower gets gradients when its parameters want them
+    (`run_steps` freezes what it does not train)."""
     embeds = model.get_input_embeddings()(batch["ids"])  # (batch, seq, hidden)
     if "pixel_values" in batch:
-        with torch.set_grad_enabled(tune_tower):
-            features = image_features(model, batch["pixel_values"])  # (images, IMAGE_TOKENS, hidden)
+        features = image_features(model, batch["pixel_values"])  # (images, IMAGE_TOKENS, hidden)
         embeds = embeds.masked_scatter(batch["feature_mask"].unsqueeze(-1), features.to(embeds.dtype))
     out = model.model.language_model(inputs_embeds=embeds, attention_mask=batch["attention_mask"],
                                      output_hidden_states=True)
@@ -143,7 +147,8 @@ def probe_loss(probes: ChatProbes, hidden_states, batch: dict[str, torch.Tensor]
         loss = loss + torch.nn.functional.cross_entropy(probes.order(rows), batch["slots"])
     if "query_rows" in batch:
         words = hidden_states[QUERY_PROBE_LAYER][batch["query_rows"], batch["query_positions"]]  # (queries, hidden)
-        loss = loss + probes.query_weight * torch.nn.functional.cross_entropy(probes.query(words), batch["query_labels"])
+        query = torch.nn.functional.cross_entropy(probes.query(words), batch["query_labels"])
+        loss = loss + probes.query_weight * query
     return loss
 
 
@@ -171,7 +176,7 @@ def polish_sample(rng: random.Random) -> Sample:
     shapes and colours, in reading order) as often as stage 2's late mix, so nothing else fades."""
     if rng.random() < 0.5:
         turn = single_image_turn(rng, "describe", random_scene(rng, count=2))
-        return make_sample(rng, rng.choices([0, 1, 2], weights=[6, 3, 1])[0], turn)
+        return make_sample(rng, earlier_turns(rng), turn)
     return chat_sample(rng, 1.0)
 
 
@@ -185,8 +190,8 @@ def polish_chats(model, tokenizer, processor, steps: int, batch_size: int, lr: f
     if tower_lr > 0:
         groups.append({"params": vision_parameters(model), "peak": tower_lr})
     run_steps(model, processor, groups, lambda step: polish_sample(rng), steps,
-              lambda batch: chat_loss(model, None, batch, tune_tower=tower_lr > 0), "polish", tokenizer,
-              batch_size, device, checkpoint, every, check_n)
+              lambda batch: chat_loss(model, None, batch), "polish", tokenizer, batch_size, device,
+              checkpoint, every, check_n)
 
 
 def language_parameters(model) -> list[torch.nn.Parameter]:

@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
         train_chats(model, tokenizer, processor, args.steps, args.batch_size, args.lr, args.seed, args.device,
                     checkpoint, args.check_every, args.check_n, args.query_weight)
         print(f"stage 2 done in {time.time() - start:.0f}s", flush=True)
+        if args.polish_steps:
+            checkpoint()  # `--resume DIR --resume-at polish` runs stage 3 from here
     if args.polish_steps:
-        checkpoint()  # `--resume DIR --resume-at polish` runs stage 3 from here
         polish_chats(model, tokenizer, processor, args.polish_steps, args.batch_size, args.polish_lr,
                      args.polish_tower_lr, args.seed, args.device, checkpoint, args.check_every, args.check_n)
     print(f"trained in {time.time() - start:.0f}s")
