@@ -7,8 +7,9 @@ oldest turns are dropped until the prompt fits `get_max_prompt_length(state)`.
 
 `generate_chat_reply(text, state, regenerate, _continue)` is the turn. The UI and the API both call
 it, so extensions see text-generation-webui's hooks in its order: history, state, chat_input,
-input, custom_generate_chat_prompt, bot_prefix (while the prompt is built), then tokenizer and
-logits_processor (in `generate_reply`), output. Pictures sent with the user message travel in
+input, custom_generate_chat_prompt, bot_prefix (while the prompt is built), then in `generate_reply`
+custom_generate_reply (an extension that offers it generates instead of the host) or tokenizer and
+logits_processor, output. Pictures sent with the user message travel in
 `state['message_images']`; an extension's `chat_input_modifier` takes them into the text (the
 multimodal extension writes image tags). Pictures no extension takes are refused.
 """

@@ -129,6 +129,15 @@ def _apply_first(function_name: str, *args, **kwargs):
     return None
 
 
+def _first_function(function_name: str):
+    """The first extension's `function_name` itself, not called; None when none has it. Looked up
+    with hasattr each time: a module-level `__getattr__` may offer or withdraw it at run time."""
+    for extension, _ in iterator():
+        if hasattr(extension, function_name):
+            return getattr(extension, function_name)
+    return None
+
+
 def _apply_custom_css_or_js(function_name: str) -> str:
     return "".join(getattr(ext, function_name)() for ext, _ in iterator() if hasattr(ext, function_name))
 
@@ -143,7 +152,8 @@ EXTENSION_MAP = {
     "tokenizer": partial(_apply_tokenizer_extensions, "tokenizer_modifier"),
     "logits_processor": partial(_apply_logits_processor_extensions, "logits_processor_modifier"),
     "custom_generate_chat_prompt": partial(_apply_first, "custom_generate_chat_prompt"),
-    "custom_generate_reply": partial(_apply_first, "custom_generate_reply"),
+    # The function is returned, as text-generation-webui does; `text_generation._generate_reply` calls it.
+    "custom_generate_reply": partial(_first_function, "custom_generate_reply"),
     "tokenized_length": partial(_apply_first, "custom_tokenized_length"),
     # This host's only: the regex (named groups `mime`, `data`) of the image tags an extension writes
     # into visible text, which the chat renders as pictures. text-generation-webui renders HTML as is.

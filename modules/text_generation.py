@@ -3,8 +3,11 @@
 - `encode` / `decode`: text <-> token ids (BOS handling, truncation keeps the last tokens).
 - `get_encoded_length`: prompt length, through an extension's `custom_tokenized_length` when one exists.
 - `generate_reply(question, state, ...)`: a generator of the cumulative reply, one generation at a
-  time behind `shared.generation_lock`. Before generating it calls the `tokenizer` hook; when that
-  returns `inputs_embeds`, the model generates from those embeddings with an all-ones attention mask.
+  time behind `shared.generation_lock`, cut at the stopping strings and at the stop button. As in
+  text-generation-webui, an extension's `custom_generate_reply` (looked up on every reply) replaces
+  the host's own generation, `generate_reply_HF`, which it may call in turn.
+- `generate_reply_HF`: before generating it calls the `tokenizer` hook; when that returns
+  `inputs_embeds`, the model generates from those embeddings with an all-ones attention mask.
   The loaded batch-level logits processors (`shared.logits_processors`) run first on each step's
   logits, with `state['logits_processor_args']` as the request's `extra_args`; then the processors
   extensions add through `logits_processor_modifier`.
@@ -21,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 import torch
 import transformers
@@ -296,37 +299,77 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
     if shared.model is None:
         raise RuntimeError("No model is loaded: start the server with --model NAME (see models/README.md).")
     state["seed"] = set_seed(state.get("seed", -1))
+    original_question = question
     if not is_chat:
         question = apply_extensions("input", question, state)
     state["notices"] = []  # extensions append what the user should be told (e.g. images dropped)
     stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
     stats = {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"}
     state["generation_stats"] = stats
+    # text-generation-webui: the first extension that has the attribute now (it may come and go) generates.
+    custom = apply_extensions("custom_generate_reply")
+    generate_func = custom if custom is not None else generate_reply_HF
     started = time.time()
-    new_ids: list[int] = []
+    replies = generate_func(question, original_question, state, stopping_strings, is_chat=is_chat)
+    reply = yield from cut_at_stops(replies, stops, stats)
+    if custom is not None:
+        count_custom_tokens(question, reply, stats)
+    if not is_chat:
+        reply = apply_extensions("output", reply, state)
+    elapsed = max(time.time() - started, 1e-6)
+    tokens = stats["completion_tokens"]
+    logger.info(f"Output generated in {elapsed:.2f} seconds ({tokens / elapsed:.2f} tokens/s, "
+                f"{tokens} tokens, context {stats['prompt_tokens']}, seed {state['seed']})")
+    yield reply
+
+
+def cut_at_stops(replies: Iterable[str], stops: list[str], stats: dict) -> Generator[str, None, str]:
+    """Yields each cumulative reply, holding back a possible start of a stopping string; returns the
+    last reply, cut before the first stopping string. Ends at that string or at the stop button."""
+    replies = iter(replies)
     reply = ""
-    stop_event = threading.Event()
-    for event in stream_events(question, state, stop_event):
+    try:
+        for reply in replies:
+            hit = min((reply.find(s) for s in stops if s in reply), default=-1)
+            if hit >= 0:
+                stats["finish_reason"] = "stop"
+                return reply[:hit]
+            yield reply[:partial_stop_index(reply, stops)] if stops else reply
+            if shared.stop_everything:
+                break
+        if shared.stop_everything:  # also when the host's model stopped itself on the flag
+            stats["finish_reason"] = "stop"
+        return reply
+    finally:
+        # A generator stops its work here (the host's: model.generate), before the lock is released.
+        if hasattr(replies, "close"):
+            replies.close()
+
+
+def generate_reply_HF(question: str, original_question: str, state: dict, stopping_strings: list[str] | None = None,
+                      is_chat: bool = False) -> Iterator[str]:
+    """The host's own generation, under text-generation-webui's name and signature so that a
+    `custom_generate_reply` can delegate to it. Yields the cumulative decoded reply; the caller
+    (`_generate_reply`) applies the stopping strings and holds `shared.generation_lock`.
+    Records token counts and an EOS finish in `state['generation_stats']`."""
+    stats = state.setdefault("generation_stats",
+                             {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"})
+    new_ids: list[int] = []
+    for event in stream_events(question, state, threading.Event()):
         if isinstance(event, PromptReady):
             stats["prompt_tokens"] = event.tokens
             continue
         new_ids.extend(event)
-        reply = decode(new_ids, state.get("skip_special_tokens", True))
-        hit = min((reply.find(s) for s in stops if s in reply), default=-1)
-        if hit >= 0:
-            reply = reply[:hit]
-            stats["finish_reason"] = "stop"
-            stop_event.set()
-            break
         stats["completion_tokens"] = len(new_ids)
-        yield reply[:partial_stop_index(reply, stops)] if stops else reply
-    stats["completion_tokens"] = len(new_ids)
-    eos = shared.tokenizer.eos_token_id
-    if new_ids and new_ids[-1] == eos or shared.stop_everything:
+        yield decode(new_ids, state.get("skip_special_tokens", True))
+    if new_ids and new_ids[-1] == shared.tokenizer.eos_token_id:
         stats["finish_reason"] = "stop"
-    if not is_chat:
-        reply = apply_extensions("output", reply, state)
-    elapsed = max(time.time() - started, 1e-6)
-    logger.info(f"Output generated in {elapsed:.2f} seconds ({len(new_ids) / elapsed:.2f} tokens/s, "
-                f"{len(new_ids)} tokens, context {stats['prompt_tokens']}, seed {state['seed']})")
-    yield reply
+
+
+def count_custom_tokens(question: str, reply: str, stats: dict) -> None:
+    """Counts for a `custom_generate_reply`: one that went through `generate_reply_HF` recorded exact
+    ones; otherwise the prompt and the reply texts are tokenized once."""
+    if stats["prompt_tokens"] == 0:
+        stats["prompt_tokens"] = get_encoded_length(question)
+    if stats["completion_tokens"] == 0 and reply:
+        stats["completion_tokens"] = len(encode(reply, add_special_tokens=False)[0])

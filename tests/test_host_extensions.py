@@ -1,6 +1,7 @@
 """Extension loading and hook semantics, with extensions written into a temporary folder."""
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import textwrap
@@ -149,3 +150,148 @@ def test_example_extension_loads_and_documents_hooks(host, llama_dir):
         assert hook in example.__doc__ and callable(getattr(example, hook))
     state = host.greedy_state(max_new_tokens=3)
     assert list(chat.chatbot_wrapper("Hello", state))[-1]["internal"][-1][0] == "Hello"
+
+
+# custom_generate_reply: text-generation-webui's `_generate_reply` calls the first extension's function
+# with (question, original_question, state, stopping_strings, is_chat=...) and treats what it yields
+# as the model's cumulative reply.
+CUSTOM_REPLY = '''
+calls = []
+pulled = []
+params = {"replies": ["Hel", "Hello", "Hello <b>"]}
+
+def input_modifier(string, state, is_chat=False):
+    return string if is_chat else string + " [in]"
+
+def custom_generate_reply(question, original_question, state, stopping_strings, *args, **kwargs):
+    calls.append({"question": question, "original_question": original_question, "state": state,
+                  "stopping_strings": stopping_strings, "args": args, "kwargs": kwargs})
+    try:
+        for reply in params["replies"]:
+            pulled.append(reply)
+            yield reply
+    finally:
+        pulled.append("closed")
+
+def output_modifier(string, state, is_chat=False):
+    return string + " [out]"
+'''
+
+# The hook offered by a module-level __getattr__, only while params["offer"] is set.
+OFFERED = '''
+params = {"offer": False}
+
+def _reply(question, original_question, state, stopping_strings, is_chat=False):
+    yield "from the extension"
+
+def __getattr__(name):
+    if name == "custom_generate_reply" and params["offer"]:
+        return _reply
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+'''
+
+DELEGATE = '''
+from modules.text_generation import generate_reply_HF
+calls = []
+
+def custom_generate_reply(question, original_question, state, stopping_strings, is_chat=False):
+    calls.append(question)
+    for reply in generate_reply_HF(question, original_question, state, stopping_strings, is_chat=is_chat):
+        yield reply.upper()
+'''
+
+
+def model_reply(prompt: str, max_new_tokens: int) -> str:
+    """The tiny model's greedy reply, from `model.generate` itself (EOS banned)."""
+    ids = encode(prompt)
+    out = shared.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                do_sample=False, suppress_tokens=[shared.tokenizer.eos_token_id],
+                                pad_token_id=shared.tokenizer.pad_token_id)
+    return shared.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_custom_generate_reply_generates_a_chat_turn(host, llama_dir, ext_dir):
+    write_extension(ext_dir, "custom", CUSTOM_REPLY)
+    host.load(llama_dir, ["custom"])
+    custom = sys.modules["extensions.custom.script"]
+    state = host.greedy_state(max_new_tokens=4)
+    turns = [copy.deepcopy(t) for t in chat.chatbot_wrapper("Hi there", state, loading_message=False)]
+    [call] = custom.calls
+    assert call["state"] is state and call["args"] == () and call["kwargs"] == {"is_chat": True}
+    assert "Hi there" in call["question"] and call["original_question"] == call["question"]
+    assert call["stopping_strings"] == chat.get_stopping_strings(state)
+    assert [t["internal"][-1][1] for t in turns[:3]] == ["Hel", "Hello", "Hello <b>"]  # streamed
+    assert turns[-1]["internal"][-1] == ["Hi there", "Hello <b>"]
+    assert turns[-1]["visible"][-1][1] == "Hello &lt;b&gt; [out]"
+    assert custom.pulled[-1] == "closed"
+    stats = state["generation_stats"]
+    assert stats["prompt_tokens"] == encode(call["question"]).shape[1]
+    assert stats["completion_tokens"] == encode("Hello <b>", add_special_tokens=False).shape[1]
+    assert state["notices"] == []
+
+
+def test_custom_generate_reply_in_plain_generation_gets_the_modified_prompt(host, llama_dir, ext_dir):
+    write_extension(ext_dir, "custom", CUSTOM_REPLY)
+    host.load(llama_dir, ["custom"])
+    custom = sys.modules["extensions.custom.script"]
+    replies = list(generate_reply("Once upon", host.greedy_state()))
+    [call] = custom.calls
+    assert (call["question"], call["original_question"]) == ("Once upon [in]", "Once upon")
+    assert call["kwargs"] == {"is_chat": False} and call["stopping_strings"] is None
+    assert replies == ["Hel", "Hello", "Hello <b>", "Hello <b> [out]"]
+
+
+def test_host_applies_stopping_strings_to_custom_replies(host, llama_dir, ext_dir):
+    write_extension(ext_dir, "custom", CUSTOM_REPLY)
+    host.load(llama_dir, ["custom"])
+    custom = sys.modules["extensions.custom.script"]
+    custom.params["replies"] = ["Hel", "Hello\nYo", "Hello\nYou: more", "never pulled"]
+    state = host.greedy_state()
+    replies = list(generate_reply("Hi", state, stopping_strings=["\nYou:"]))
+    assert replies == ["Hel", "Hello", "Hello [out]"]  # "\nYo" may start the stop: held back
+    assert custom.pulled == ["Hel", "Hello\nYo", "Hello\nYou: more", "closed"]
+    assert state["generation_stats"]["finish_reason"] == "stop"
+    custom.params["replies"] = ["a", "ab END", "ab END more"]
+    state = host.greedy_state(custom_stopping_strings='"END"')
+    assert list(generate_reply("Hi", state))[-1] == "ab  [out]"
+
+
+def test_stop_button_ends_a_custom_reply_and_frees_the_lock(host, llama_dir, ext_dir):
+    write_extension(ext_dir, "custom", CUSTOM_REPLY)
+    host.load(llama_dir, ["custom"])
+    custom = sys.modules["extensions.custom.script"]
+    custom.params["replies"] = ["x" * n for n in range(1, 1000)]
+    seen = []
+    for reply in generate_reply("Hi", host.greedy_state()):
+        seen.append(reply)
+        if len(seen) == 3:
+            shared.stop_everything = True
+    assert seen == ["x", "xx", "xxx", "xxx [out]"]
+    assert custom.pulled[-1] == "closed" and not shared.generation_lock.locked()
+
+
+def test_a_withdrawn_custom_generate_reply_leaves_the_host_generating(host, llama_dir, ext_dir):
+    write_extension(ext_dir, "offered", OFFERED)
+    host.load(llama_dir, ["offered"])
+    offered = sys.modules["extensions.offered.script"]
+    assert not hasattr(offered, "custom_generate_reply")
+    state = host.greedy_state(max_new_tokens=10, ban_eos_token=True)
+    expected = model_reply("Hello world", 10)
+    assert list(generate_reply("Hello world", dict(state)))[-1] == expected
+    offered.params["offer"] = True  # looked up on every generation, not once at load
+    assert list(generate_reply("Hello world", dict(state)))[-1] == "from the extension"
+    offered.params["offer"] = False
+    assert list(generate_reply("Hello world", state))[-1] == expected
+    assert state["generation_stats"]["completion_tokens"] == 10
+
+
+def test_custom_generate_reply_can_delegate_to_the_hosts_generation(host, llama_dir, ext_dir):
+    write_extension(ext_dir, "delegate", DELEGATE)
+    host.load(llama_dir, ["delegate"])
+    state = host.greedy_state(max_new_tokens=10, ban_eos_token=True)
+    replies = list(generate_reply("Hello world", state))
+    assert sys.modules["extensions.delegate.script"].calls == ["Hello world"]
+    assert replies[-1] == model_reply("Hello world", 10).upper()
+    assert len(replies) > 2 and all(later.startswith(earlier) for earlier, later in zip(replies, replies[1:]))
+    stats = state["generation_stats"]  # exact counts, recorded by the host's own generation
+    assert stats["completion_tokens"] == 10 and stats["prompt_tokens"] == encode("Hello world").shape[1]

@@ -26,7 +26,8 @@ from tests.test_multimodal_host import load_multimodal
 
 EXTENSION = ROOT / "extensions" / "multimodal"
 # What text-generation-webui (598568b1 and 1dcde41d) and this host all have.
-SHARED_NAMES = {"modules": {"shared"}, "modules.text_generation": {"encode", "get_max_prompt_length"},
+SHARED_NAMES = {"modules": {"shared"},
+                "modules.text_generation": {"encode", "get_max_prompt_length", "generate_reply_HF"},
                 "modules.logging_colors": {"logger"}, "modules.extensions": None}
 # Host-specific modules the extension may use only inside `try: ... except ImportError`.
 FEATURE_DETECTED = {"modules.logits_processors", "modules.web_search"}

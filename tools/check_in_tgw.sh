@@ -4,7 +4,10 @@
 #   bash tools/check_in_tgw.sh                 # the standard matrix: the last version that shipped the
 #                                              # extension (598568b1) and today's (1dcde41d), 9 scenarios,
 #                                              # plus today's user_data/extensions/ install, plus the
-#                                              # harness's controls (extensions that must fail)
+#                                              # harness's controls (extensions that must fail), plus
+#                                              # every image-text family on today's version at its own
+#                                              # pins, token for token against Hugging Face
+#   FAMILIES="gemma3 qwen2_5_vl" bash tools/check_in_tgw.sh   # only these families (FAMILIES=none: none)
 #   TGW_DIR=~/text-generation-webui TGW_PYTHON=~/text-generation-webui/installer_files/env/bin/python \
 #     bash tools/check_in_tgw.sh               # your own checkout, with its own Python environment
 #
@@ -30,6 +33,52 @@ run() {  # run NAME PYTHON SCRIPT ARGS...: one harness run, its verdict on one l
     failed=$((failed + 1))
     echo "FAIL $name (exit $rc): $(grep -E 'RESULT|FAIL|Error' "$W/runs-$name.log" | tail -1 | cut -c1-200) [log: $W/runs-$name.log]"
   fi
+  return $rc
+}
+
+family() {  # family NAME FAMILY ARGS...: one harness run of an image-text family, then its reference check
+  local name=$1 fam=$2; shift 2
+  run "$name" /tmp/tgw_venv_head/bin/python "$W/run_in_tgw.py" --tgw-tarball "$W/tgw-1dcde41d.tar.gz" \
+    --extension-dir "$EXT" --no-args-shim --any-route --models-info "$W/families/$fam.json" --turns 2 "$@" || return
+  local invert=(); [[ " $* " == *" --invert-picture "* ]] && invert=(--invert-picture)
+  if PYTHONPATH="$W:$ROOT" /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_families.py" reference \
+      "$W/runs/$name/report.json" "${invert[@]}" >"$W/reference-$name.log" 2>&1; then
+    echo "PASS $name: reply tokens equal Hugging Face's, and another picture changes them"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: $(grep -E '^FAIL|Error' "$W/reference-$name.log" | head -1 | cut -c1-200) [log: $W/reference-$name.log]"
+  fi
+}
+
+families() {  # every family served through its processor, on today's version at its own pins
+  # the extension's requirements.txt, as text-generation-webui's updater installs an extension's
+  /tmp/tgw_venv_head/bin/pip install -q -r "$EXT/requirements.txt" >"$W/families-pip.log" 2>&1 || {
+    failed=$((failed + 1)); echo "FAIL installing $EXT/requirements.txt: see $W/families-pip.log"; return; }
+  python "$ROOT/tools/tgw_families.py" build "$W/families" ${FAMILIES:-} >"$W/families-build.log" 2>&1 || {
+    failed=$((failed + 1)); echo "FAIL building the family checkpoints: see $W/families-build.log"; return; }
+  local fam
+  for fam in ${FAMILIES:-$(cd "$W/families" && ls *.json | sed 's/\.json$//')}; do
+    # the Model tab's path (the model loaded after the extensions): every family loads there
+    family "head-$fam-attach" "$fam" --model-after-extensions --image-mode attach
+    family "head-$fam-attach-inverted" "$fam" --model-after-extensions --image-mode attach --invert-picture
+    family "head-$fam-api" "$fam" --model-after-extensions --image-mode api
+    family "head-$fam-api-no-stream" "$fam" --model-after-extensions --image-mode api --api-no-stream
+    family "head-$fam-upload" "$fam" --model-after-extensions --image-mode upload
+  done
+  # --model at start-up: loaded before any extension, so only what the loader loads whole by itself...
+  if [[ " ${FAMILIES:-gemma3} " == *" gemma3 "* ]]; then
+    family head-gemma3-startup-attach gemma3 --image-mode attach
+    family head-gemma3-startup-api gemma3 --image-mode api
+  fi
+  # ...and, through the extension's launch.py, any family: the real server over HTTP, then a model change
+  local first second; read -r first second _ <<<"${FAMILIES:-qwen2_5_vl smolvlm}"
+  if /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_server_check.py" "$W" "$W/families" "$first" "${second:-$first}" \
+      >"$W/server-check-verdict.log" 2>&1; then
+    echo "PASS head-server-launch: --model $first at start-up through launch.py, then ${second:-$first} loaded through the API"
+  else
+    failed=$((failed + 1))
+    echo "FAIL head-server-launch: $(grep -E '^FAIL|Error|exited' "$W/server-check-verdict.log" | head -1 | cut -c1-200) [log: $W/server-check-verdict.log]"
+  fi
 }
 
 expect_fail() {  # expect_fail CONTROL SCENARIO: a control extension the harness must reject
@@ -49,6 +98,7 @@ if [ -z "${TGW_DIR:-}" ]; then
     expect_fail "$control" old-tag; expect_fail "$control" head-attach
   done
   expect_fail media_blind_extension head-attach; expect_fail media_blind_extension head-api
+  [ "${FAMILIES:-}" = none ] || families
 else
   PY=${TGW_PYTHON:-python3}
   TGW=$(cd "$TGW_DIR" && pwd) || { echo "TGW_DIR=$TGW_DIR is not a folder"; exit 2; }

@@ -9,7 +9,7 @@ Start-up (`modules.extensions.load_extensions`):
   3. `setup()` is called once;
   then the host constructs the classes in `logits_processors` (batch-level logits processors,
   `modules/logits_processors.py`; an example is `examples/target_token.py`) with every other
-  loaded processor. text-generation-webui ignores that list: use hook 9 there.
+  loaded processor. text-generation-webui ignores that list: use hook 10 there.
 Building the UI (`modules.ui_chat`): `custom_css()`, `custom_js()`, then `ui()` below the chat.
 Each chat turn (`modules.chat.generate_chat_reply`, the same for the UI and `/v1/chat/completions`):
   4. `history_modifier(history)`, `state_modifier(state)`;
@@ -21,10 +21,17 @@ Each chat turn (`modules.chat.generate_chat_reply`, the same for the UI and `/v1
      otherwise the host builds it and calls `bot_prefix_modifier(string, state)` on the start of the
      bot's turn; prompt building calls `custom_tokenized_length(prompt)` (through
      `get_encoded_length`) to measure;
-  8. `tokenizer_modifier(state, prompt, input_ids, input_embeds)` -> (prompt, input_ids, input_embeds):
+  8. `custom_generate_reply(question, original_question, state, stopping_strings, is_chat=...)`:
+     the first extension that has this attribute generates instead of the host (looked up with
+     hasattr on every reply, so a module-level `__getattr__` may offer it only sometimes). It yields
+     the cumulative reply; the host cuts each at the stopping strings, ends at the stop button, and
+     passes the last one to step 11. To add to the host's own generation, call
+     `modules.text_generation.generate_reply_HF` with the same arguments (not `generate_reply`: the
+     generation lock is already held). Steps 9-10 run only in the host's own generation;
+  9. `tokenizer_modifier(state, prompt, input_ids, input_embeds)` -> (prompt, input_ids, input_embeds):
      return `input_embeds` [1, n, hidden] to make the model generate from embeddings;
-  9. `logits_processor_modifier(processor_list, input_ids)` -> append LogitsProcessors;
- 10. `output_modifier(string, state, is_chat)` on the finished reply.
+ 10. `logits_processor_modifier(processor_list, input_ids)` -> append LogitsProcessors;
+ 11. `output_modifier(string, state, is_chat)` on the finished reply.
 This host only: `image_tag_pattern()` -> a compiled regex with groups `mime` and `data` for the
 image tags the extension writes into messages; the chat renders each match as a picture.
 """
@@ -86,6 +93,17 @@ del custom_tokenized_length  # defining it would replace the host's own length f
 def bot_prefix_modifier(string: str, state: dict) -> str:
     """The text that starts the bot's turn in the prompt (e.g. 'ASSISTANT:'), while the prompt is built."""
     return string
+
+
+def custom_generate_reply(question: str, original_question: str, state: dict, stopping_strings: list,
+                          is_chat: bool = False):
+    """Yield the cumulative reply to `question` (the prompt; `original_question` is it before
+    `input_modifier` in plain generation). `stopping_strings` are the caller's; the host applies
+    them and `state['custom_stopping_strings']` to what you yield."""
+    raise NotImplementedError
+
+
+del custom_generate_reply  # defining it would replace the host's generation for every reply
 
 
 def tokenizer_modifier(state: dict, prompt: str, input_ids, input_embeds):

@@ -47,6 +47,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
 # holds that gives generate()'s keyword arguments.
 MESSAGE_IMAGES = "message_images"
 GENERATE_KWARGS = "generate_kwargs"
+# In hosts that build generate()'s inputs themselves (text-generation-webui): the processor's tensors
+# beside the ids the tokenizer hook returned, for the one generate() call of this reply.
+PROCESSOR_INPUTS = "multimodal_processor_inputs"
 
 
 def with_defaults(params: Optional[dict]) -> dict:

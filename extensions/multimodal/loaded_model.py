@@ -18,6 +18,14 @@ import torch
 from modules import shared
 
 
+def host_builds_routes() -> bool:
+    """Whether the host builds `generate()`'s inputs from the route an extension leaves in the state
+    (this repository's `modules.model_inputs`); text-generation-webui takes ids or embeddings only."""
+    import importlib.util
+
+    return importlib.util.find_spec("modules.model_inputs") is not None
+
+
 def require_model() -> Any:
     if shared.model is None:
         raise ValueError("The multimodal extension needs the language model loaded first (load a model, then the extension).")

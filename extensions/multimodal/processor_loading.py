@@ -15,6 +15,9 @@ Why the second route is needed in transformers 5.23 (measured, see shared/notes/
 LLaVA-OneVision declare one whose class needs torchvision; `PixtralProcessor`'s module imports one
 size helper from the torchvision image-processor module (the PIL module has the same helper);
 SmolVLM's `apply_chat_template` reads the video processor's frame settings even for images.
+In transformers 5.6 (text-generation-webui's pin) `AutoImageProcessor` itself needs torchvision and
+cannot read the image-processor settings that newer versions save inside processor_config.json: the
+PIL image processor is then found by its class name (`pil_image_processor_by_name`).
 
 Nothing here changes transformers for anyone else: a processor class that declares a video
 processor is used through a subclass of the same name that declares none, and Pixtral's module is
@@ -82,7 +85,7 @@ def load_processor(folder: str | Path, use_torchvision: bool | None = None) -> P
 def processor_from_parts(folder: Path) -> ProcessorMixin:
     """The checkpoint's processor class built from its PIL image processor, tokenizer and settings."""
     cls = processor_class(folder_processor_class_name(folder))
-    image_processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+    image_processor = pil_image_processor(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     processor_dict, instantiation_kwargs = cls.get_processor_dict(folder)
     parts = {"image_processor": image_processor, "tokenizer": tokenizer}
@@ -96,6 +99,53 @@ def processor_from_parts(folder: Path) -> ProcessorMixin:
         return cls.from_args_and_dict(args, processor_dict, **instantiation_kwargs)
     except ImportError as error:
         raise ProcessorLoadError(f"{cls.__name__} could not be built: {error}{fix_hint(cls.__name__)}") from error
+
+
+def pil_image_processor(folder: Path):
+    """The checkpoint's image processor, PIL backend (no torchvision)."""
+    try:
+        return AutoImageProcessor.from_pretrained(folder, backend="pil")
+    except ImportError:  # transformers 5.6: AutoImageProcessor is a placeholder without torchvision
+        return pil_image_processor_by_name(folder)
+
+
+def pil_image_processor_by_name(folder: Path):
+    """`<Name>ImageProcessorPil` built from the folder's saved image-processor settings.
+
+    Hub folders keep them in preprocessor_config.json; transformers 5.2x saves them under
+    "image_processor" in processor_config.json. The class comes from its own module, since the
+    top-level name is a torchvision placeholder in transformers 5.6.
+    """
+    settings = image_processor_settings(folder)
+    type_name = settings.pop("image_processor_type", None)
+    if not type_name:
+        raise ProcessorLoadError(f"{folder} names no image_processor_type; {INSTALL_TORCHVISION}.")
+    class_name = type_name.removesuffix("Fast").removesuffix("Pil") + "Pil"
+    return pil_class(class_name).from_dict(settings)
+
+
+def image_processor_settings(folder: Path) -> dict:
+    preprocessor = folder / "preprocessor_config.json"
+    if preprocessor.is_file():
+        return json.loads(preprocessor.read_text())
+    processor = folder / "processor_config.json"
+    nested = json.loads(processor.read_text()).get("image_processor") if processor.is_file() else None
+    if not isinstance(nested, dict):
+        raise ProcessorLoadError(f"{folder} has no image-processor settings (preprocessor_config.json)")
+    return dict(nested)
+
+
+@functools.cache
+def pil_class(class_name: str) -> type:
+    """The transformers class `class_name` from the `image_processing_pil_*` module that defines it."""
+    import transformers
+
+    models = Path(transformers.__file__).parent / "models"
+    for path in sorted(models.glob("*/image_processing_pil_*.py")):
+        if f"class {class_name}(" in path.read_text(encoding="utf-8"):
+            module = importlib.import_module(f"transformers.models.{path.parent.name}.{path.stem}")
+            return getattr(module, class_name)
+    raise ProcessorLoadError(f"transformers {transformers.__version__} has no {class_name}; {INSTALL_TORCHVISION}.")
 
 
 def build_processor(class_name: str, **parts) -> ProcessorMixin:

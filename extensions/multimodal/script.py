@@ -7,18 +7,26 @@ uses only names every one of them has (`modules.shared`, `modules.text_generatio
 `get_max_prompt_length`, `modules.logging_colors.logger`); anything more is feature-detected.
 
 Hooks, in the order the host calls them:
-- `setup()`: loads the pipeline (`--multimodal-pipeline`, else the `multimodal-pipeline` setting,
-  else recognised from the model); raises a RuntimeError listing the available pipelines when none
-  fits. Runs without a UI.
+- `setup()`: lets the host's `AutoModelForCausalLM` load image-text checkpoints as their full class
+  (`hf_auto/auto_classes.py`), then loads the pipeline (`--multimodal-pipeline`, else the
+  `multimodal-pipeline` setting, else recognised from the model); raises a RuntimeError listing the
+  available pipelines when a model is loaded and none fits. With no model loaded yet (a host started
+  without one) the pipeline is picked when a model is; it is picked again whenever the model changes.
+  Runs without a UI.
 - `ui()`: the image input (extensions/multimodal/ui.py), built inside the host's Gradio layout.
 - `chat_input_modifier(text, visible_text, state)`: puts the images sent with this message
   (`state['message_images']`, from this repository's UI and API, or `input_hijack`) into the text
   as `<img>` tags: each `<image>` in the text takes the next one, the rest go before the text.
 - `custom_tokenized_length(prompt)`: prompt length in tokens, image tokens included.
+- `custom_generate_reply(question, original_question, ...)`: present only while the loaded model is
+  an image-text checkpoint served through its processor in a host that builds `generate()`'s inputs
+  itself (text-generation-webui): the host's own generation, with the processor's image tensors
+  added (extensions/multimodal/processor_generation.py).
 - `tokenizer_modifier(state, prompt, input_ids, input_embeds)`: for a prompt with images (`<img>`
   tags, or text-generation-webui's `<__media__>` markers with the pictures in `state`),
   `(prompt, input_ids [1, n] int64, inputs_embeds [1, n, hidden])` on the model's device and dtype;
-  other prompts come back unchanged.
+  on the processor route `(prompt, the processor's input_ids, None)`, its other tensors left in
+  `state[PROCESSOR_INPUTS]`; other prompts come back unchanged.
 - `logits_processor_modifier(processor_list, input_ids)`: in hosts without batch-level logits
   processors (text-generation-webui), adds the ban on image placeholder tokens
   (extensions/multimodal/placeholder_ban.py). This repository's host constructs the batch-level
@@ -71,13 +79,19 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from extensions.multimodal import loaded_model  # noqa: E402
-from extensions.multimodal.defaults import DEFAULT_PARAMS, GENERATE_KWARGS, MESSAGE_IMAGES  # noqa: E402
+from extensions.multimodal.defaults import (DEFAULT_PARAMS, GENERATE_KWARGS, MESSAGE_IMAGES,  # noqa: E402
+                                            PROCESSOR_INPUTS)
 from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError,  # noqa: E402
                                                Stored, check_history_format, ordinal, store_bytes,
                                                store_image)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder  # noqa: E402
 from extensions.multimodal.native_media import MEDIA_MARKER, markers_to_tags  # noqa: E402
+from extensions.multimodal.pipelines.hf_auto.auto_classes import register_image_text_classes  # noqa: E402
+from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs  # noqa: E402
+from extensions.multimodal.pipelines.hf_auto.routes import ROUTES  # noqa: E402
 from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
+from extensions.multimodal.processor_loading import ProcessorLoadError  # noqa: E402
+from modules import shared  # noqa: E402
 from modules.logging_colors import logger  # noqa: E402
 
 try:
@@ -94,14 +108,23 @@ params = dict(DEFAULT_PARAMS)
 input_hijack = {"state": False, "value": ["", ""]}
 
 multimodal_embedder: Optional[MultimodalEmbedder] = None
+_embedder_model: Any = None  # the model `multimodal_embedder` was built for
 
 # Longest side stored in history when the pipeline states no preference (keeps histories small).
 DEFAULT_HISTORY_MAX_SIDE = 1024
 IMAGE_PLACEHOLDER = "<image>"
 
 
+def current_embedder() -> Optional[MultimodalEmbedder]:
+    """The embedder built for the loaded model, if one is (None on the processor route, or before
+    the first image prompt after the model changed)."""
+    fresh = multimodal_embedder is not None and _embedder_model is shared.model
+    return multimodal_embedder if fresh else None
+
+
 def current_placeholder_ids() -> list[int]:
-    return placeholder_ids(multimodal_embedder.pipeline) if multimodal_embedder is not None else []
+    current = current_embedder()
+    return placeholder_ids(current.pipeline) if current is not None else []
 
 
 # Batch-level logits processor classes; the host constructs them after setup() (other hosts ignore this).
@@ -110,9 +133,42 @@ logits_processors = [PlaceholderBan] if PlaceholderBan is not None else []
 
 
 def setup() -> None:
-    global multimodal_embedder
+    global multimodal_embedder, _embedder_model
     check_history_format(params["history_image_format"])
-    multimodal_embedder = MultimodalEmbedder(params)
+    registered = register_image_text_classes()
+    logger.info(f"Multimodal: AutoModelForCausalLM loads {', '.join(registered) or 'no more'} image-text models whole")
+    multimodal_embedder, _embedder_model = None, None
+    if shared.model is None:
+        logger.info("Multimodal: no model is loaded yet; the pipeline is picked when one is.")
+    elif processor_route():
+        check_processor()
+    else:
+        embedder()
+
+
+def check_processor() -> None:
+    """Says at load time when the loaded model's processor cannot be built here, and the fix."""
+    try:
+        loaded_model.processor()
+    except (ProcessorLoadError, ValueError) as error:
+        logger.warning(f"Multimodal: {type(shared.model).__name__} will not see pictures here: {error}")
+
+
+def processor_route() -> bool:
+    """Whether the loaded model takes its pictures through its own processor and `generate()`:
+    an image-text family, in a host that builds `generate()`'s inputs itself (text-generation-webui)."""
+    model_type = getattr(getattr(shared.model, "config", None), "model_type", None)
+    return model_type in ROUTES and not loaded_model.host_builds_routes()
+
+
+def __getattr__(name: str):
+    """`custom_generate_reply` exists while the processor route serves the loaded model (the host
+    looks it up with hasattr before each reply); see processor_generation.py."""
+    if name == "custom_generate_reply" and processor_route():
+        from extensions.multimodal.processor_generation import generate_reply
+
+        return generate_reply
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ui() -> None:
@@ -123,14 +179,19 @@ def ui() -> None:
 
 def embeds_all_images() -> bool:
     """Whether every image of a prompt is embedded now (the setting, else the pipeline's choice)."""
-    return multimodal_embedder.embeds_all_images() if multimodal_embedder is not None else \
+    current = current_embedder()
+    return current.embeds_all_images() if current is not None else \
         bool(params["add_all_images_to_prompt"])
 
 
 def embedder() -> MultimodalEmbedder:
-    if multimodal_embedder is None:
-        raise RuntimeError("The multimodal extension is not set up: its setup() did not run or failed "
-                           "(see the log for the pipeline error).")
+    """The embedder for the loaded model, built when the model was loaded or changed since."""
+    global multimodal_embedder, _embedder_model
+    if shared.model is None:
+        raise RuntimeError("No model is loaded: load one to send it pictures.")
+    if multimodal_embedder is None or _embedder_model is not shared.model:
+        multimodal_embedder, _embedder_model = None, None  # a failed pick leaves no stale embedder behind
+        multimodal_embedder, _embedder_model = MultimodalEmbedder(params), shared.model
     return multimodal_embedder
 
 
@@ -138,7 +199,8 @@ def embedder() -> MultimodalEmbedder:
 
 def history_max_side() -> int:
     """The longest side the `jpeg` history format keeps: the pipeline's preference, else a default."""
-    pipeline = multimodal_embedder.pipeline if multimodal_embedder is not None else None
+    current = current_embedder()
+    pipeline = current.pipeline if current is not None else None
     preferred = pipeline.preferred_image_size() if hasattr(pipeline, "preferred_image_size") else None
     return int(preferred) if preferred else DEFAULT_HISTORY_MAX_SIDE
 
@@ -257,13 +319,22 @@ def stand_in_tag() -> str:
 def custom_tokenized_length(prompt: str) -> int:
     if MEDIA_MARKER in prompt:
         prompt = prompt.replace(MEDIA_MARKER, stand_in_tag())
+    if processor_route():
+        return int(route_inputs(prompt, add_bos=False)["input_ids"].shape[-1])
     return embedder().len_in_tokens(prompt)
+
+
+def route_inputs(tagged: str, add_bos: bool):
+    max_pixels = int(params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)
+    return processor_inputs(loaded_model.processor(), tagged, add_bos, max_pixels)
 
 
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
     tagged = media_to_tags(prompt, state) if MEDIA_MARKER in prompt else prompt
     if IMAGE_TAG_RE.search(tagged) is None:
         return prompt, input_ids, input_embeds
+    if processor_route():
+        return prompt, processor_route_ids(tagged, state), None
     current = embedder()
     _, ids, embeds, _ = current.forward(tagged, state, params)
     stats = current.last_stats
@@ -276,6 +347,18 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
     return prompt, ids.unsqueeze(0).to(device, torch.int64), embeds.unsqueeze(0).to(device, dtype)
 
 
+def processor_route_ids(tagged: str, state: dict) -> torch.Tensor:
+    """The processor's ids for `tagged`; its other tensors go to `state[PROCESSOR_INPUTS]` for generate()."""
+    inputs = route_inputs(tagged, add_bos=bool(state.get("add_bos_token", False)))
+    device, dtype = loaded_model.placement()
+    tensors = {key: value.to(device, dtype) if value.is_floating_point() else value.to(device)
+               for key, value in inputs.items()}
+    ids = tensors.pop("input_ids")
+    state[PROCESSOR_INPUTS] = tensors
+    logger.info(f"Multimodal: {ids.shape[-1]} prompt tokens through {type(loaded_model.processor()).__name__}")
+    return ids
+
+
 def image_tag_pattern():
     """The history tag's regex (named groups `mime`, `data`), for hosts that render it as a picture."""
     return IMAGE_TAG_RE
@@ -284,13 +367,15 @@ def image_tag_pattern():
 def image_placeholder():
     """The text the model's chat template writes for an image part, where the host puts each image's tag
     when it renders structured chat messages (this repository's host); None when the pipeline names none."""
-    pipeline = multimodal_embedder.pipeline if multimodal_embedder is not None else None
+    current = current_embedder()
+    pipeline = current.pipeline if current is not None else None
     placeholder = getattr(pipeline, "chat_template_placeholder", None)
     return placeholder() if placeholder is not None else None
 
 
 def logits_processor_modifier(processor_list, input_ids):
     """text-generation-webui's hook: ban the image placeholder ids where `PlaceholderBan` cannot run."""
-    if PlaceholderBan is None and multimodal_embedder is not None:
-        processor_list.append(HFPlaceholderBan(placeholder_ids(multimodal_embedder.pipeline)))
+    current = current_embedder()
+    if PlaceholderBan is None and current is not None:
+        processor_list.append(HFPlaceholderBan(placeholder_ids(current.pipeline)))
     return processor_list
