@@ -141,6 +141,10 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
     returned = apply_extensions("state", state)
     if returned is not state:  # callers read generation_stats and notices from the dict they passed
         state.update(returned)
+    if getattr(shared.tokenizer, "chat_template", None):
+        # As text-generation-webui's instruct modes: the template writes the BOS, or the tokenizer adds
+        # its own; none is forced (Hugging Face's apply_chat_template gives the same ids).
+        state["add_bos_token"] = False
     if not (regenerate or _continue):
         text, visible_text = user_message(text, state)
         text = apply_extensions("input", text, state, is_chat=True)

@@ -9,6 +9,9 @@ The reply's own rows are dropped: they were computed one token at a time, while 
 prefill (and Hugging Face's, on the whole conversation) computes them in one batch, and in bfloat16
 the two differ enough to change greedy tokens (measured at LLaVA-7B's width). Prefilling a reply
 again costs a few dozen tokens; the turn stays token-identical.
+Sliding-window layers (Gemma 3, Cohere2) keep only their window once it is full: such a cache can
+still continue where its prompt ended (the next turn of the same chat), but not be cropped back to an
+earlier token (another chat sharing a shorter prefix); that prompt is prefilled whole.
 """
 from __future__ import annotations
 
@@ -64,8 +67,18 @@ def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
         return None
     cache = _last.cache
     _last = None  # generate() extends the cache in place: it is only valid again once remembered
+    if usable < shortest_crop(cache):
+        return None
     cache.crop(usable - cached_len)
     return cache
+
+
+def shortest_crop(cache: DynamicCache) -> int:
+    """The shortest length `cache` can be cropped to: its whole length once a sliding-window layer
+    holds a full window (its `crop` keeps only the window's last states), else 0."""
+    full_window = any(getattr(layer, "is_sliding", False) and layer.get_seq_length() >= layer.sliding_window
+                      for layer in cache.layers)
+    return cache.get_seq_length() if full_window else 0
 
 
 def remember(prompt_embeds: torch.Tensor, cache) -> None:

@@ -54,16 +54,13 @@ def encode(prompt: str, add_special_tokens: bool = True, add_bos_token: bool = T
 
 
 def fix_bos(ids: torch.Tensor, want_bos: bool) -> torch.Tensor:
+    """text-generation-webui's rule: a missing BOS added when `want_bos`; never two at the start (a
+    template that writes the BOS, then a tokenizer that adds one)."""
     bos = getattr(shared.tokenizer, "bos_token_id", None)
     if bos is None:
         return ids
-    if not want_bos:
-        while ids.shape[1] > 0 and ids[0, 0] == bos:
-            ids = ids[:, 1:]
-        return ids
-    if ids.shape[1] == 0 or ids[0, 0] != bos:
+    if want_bos and (ids.shape[1] == 0 or ids[0, 0] != bos):
         ids = torch.cat([torch.tensor([[bos]], dtype=ids.dtype), ids], dim=1)
-    # Chat templates that write the BOS as text give a second one.
     while ids.shape[1] > 1 and ids[0, 0] == bos and ids[0, 1] == bos:
         ids = ids[:, 1:]
     return ids

@@ -28,7 +28,7 @@ def state(**overrides) -> dict:
 
 
 def ids_of(text: str, bos: bool = False) -> list[int]:
-    return encode(text, add_bos_token=bos)[0].tolist()
+    return encode(text, add_special_tokens=bos, add_bos_token=bos)[0].tolist()
 
 
 def token(name: str) -> int:
@@ -90,10 +90,14 @@ def test_ids_are_text_then_placeholders_with_one_bos(llama):
     assert embeds.shape == (len(expected), 64) and n_images == 2
 
 
-def test_no_bos_when_the_state_says_so(llama):
+def test_no_bos_forced_when_the_state_says_so(llama):
+    """add_bos_token=False forces none: the first part is encoded as the host encodes a prompt (this
+    tokenizer adds its own BOS, which text-generation-webui keeps too); none is doubled or repeated."""
     embedder = make()
-    _, ids, _, _ = embedder.forward(f"hi{IMG[0]}", state(add_bos_token=False), embedder.params)
-    assert shared.tokenizer.bos_token_id not in ids.tolist()
+    _, ids, _, _ = embedder.forward(f"hi{IMG[0]}there", state(add_bos_token=False), embedder.params)
+    first = encode("hi", add_bos_token=False)[0].tolist()
+    assert ids.tolist()[:len(first)] == first and ids.tolist().count(shared.tokenizer.bos_token_id) == first.count(
+        shared.tokenizer.bos_token_id) <= 1
 
 
 @pytest.mark.parametrize("prompt", ["no images at all", f"{IMG[0]}", f"a{IMG[0]}b", f"a{IMG[0]}{IMG[1]}b{IMG[2]}",
@@ -200,10 +204,10 @@ def test_stitched_rows_equal_the_pipeline_embeddings_in_prompt_order(llama):
     _, ids, embeds, _ = embedder.forward(f"Look:{tags[0]} and {tags[1]}?", state(), embedder.params)
     expected = []
     for text, bos, image_tag in (("Look:<Img>", True, tags[0]), ("</Img> and <Img>", False, tags[1])):
-        expected.append(pipeline.embed_tokens(encode(text, add_bos_token=bos)[0]))
+        expected.append(pipeline.embed_tokens(encode(text, add_special_tokens=bos, add_bos_token=bos)[0]))
         decoded = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(image_tag).group("data"))
         expected.append(pipeline.embed_images([decoded])[0])
-    expected.append(pipeline.embed_tokens(encode("</Img>?", add_bos_token=False)[0]))
+    expected.append(pipeline.embed_tokens(encode("</Img>?", add_special_tokens=False)[0]))
     assert torch.equal(embeds, torch.cat(expected))
     # and the image rows really depend on the pixels
     assert not torch.equal(expected[1], expected[3])
@@ -253,9 +257,9 @@ def test_cache_hit_and_miss(llama, caplog):
 def test_same_size_different_pixels_never_share_an_entry(llama):
     embedder = make(add_all_images_to_prompt=True)
     red, blue = tag(solid_image((255, 0, 0))), tag(solid_image((0, 0, 255)))
-    _, _, embeds, _ = embedder.forward(f"{red}{blue}", state(add_bos_token=False), embedder.params)
+    _, ids, embeds, _ = embedder.forward(f"{red}{blue}", state(add_bos_token=False), embedder.params)
     assert embedder.pipeline.batches == [2], "both misses in one batch"
-    marker = 1  # <im_start>
+    marker = 1 + int(ids[0] == shared.tokenizer.bos_token_id)  # after <im_start> (and the tokenizer's own BOS)
     assert not torch.equal(embeds[marker:marker + 4], embeds[-5:-1])
     _, _, again, _ = embedder.forward(f"{blue}{red}", state(add_bos_token=False), embedder.params)
     assert embedder.pipeline.batches == [2] and embedder.last_stats.from_cache == 2
@@ -264,9 +268,10 @@ def test_same_size_different_pixels_never_share_an_entry(llama):
 
 def test_the_same_image_twice_is_embedded_once(llama):
     embedder = make(add_all_images_to_prompt=True)
-    _, _, embeds, _ = embedder.forward(f"{IMG[0]}{IMG[0]}", state(add_bos_token=False), embedder.params)
+    _, ids, embeds, _ = embedder.forward(f"{IMG[0]}{IMG[0]}", state(add_bos_token=False), embedder.params)
     assert embedder.pipeline.batches == [1]
-    assert torch.equal(embeds[1:5], embeds[-5:-1])
+    marker = 1 + int(ids[0] == shared.tokenizer.bos_token_id)
+    assert torch.equal(embeds[marker:marker + 4], embeds[-5:-1])
 
 
 def test_cached_output_equals_uncached_output(llama):

@@ -16,9 +16,11 @@ def test_encode_adds_one_bos_and_removes_duplicates(llama):
     assert torch.equal(doubled, ids)
 
 
-def test_encode_without_bos_strips_it(llama):
+def test_encode_without_bos_adds_none_and_keeps_the_prompts_own(llama):
+    """text-generation-webui's rule: add_bos_token=False forces none, keeps a written one, never two."""
     bos = shared.tokenizer.bos_token_id
-    assert encode("<s>Hello world", add_bos_token=False)[0, 0] != bos
+    written = encode("<s>Hello world", add_bos_token=False)[0]
+    assert written[0] == bos and written[1] != bos
     assert encode("Hello world", add_special_tokens=False)[0, 0] != bos
 
 

@@ -184,8 +184,8 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|
                  "<|image_pad|>", "<|video_pad|>"]
 
 
-def qwen_tokenizer(template: str = QWEN_TEMPLATE):
-    return build_tokenizer(QWEN_SPECIALS, bos=None, eos="<|im_end|>", pad="<|endoftext|>", chat_template=template,
+def qwen_tokenizer(template: str = QWEN_TEMPLATE, bos: str | None = None):
+    return build_tokenizer(QWEN_SPECIALS, bos=bos, eos="<|im_end|>", pad="<|endoftext|>", chat_template=template,
                            extra={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
                                   "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"})
 
@@ -205,11 +205,12 @@ def qwen_image_processor():
 
 
 def build_qwen(path: Path, seed: int, family: str, vision: dict, text: dict | None = None,
-               rope: dict | None = None) -> Path:
-    """A Qwen-VL family checkpoint: `family` is the transformers class prefix (Qwen2VL, Qwen2_5_VL, Qwen3VL)."""
+               rope: dict | None = None, bos: str | None = None) -> Path:
+    """A Qwen-VL family checkpoint: `family` is the transformers class prefix (Qwen2VL, Qwen2_5_VL, Qwen3VL).
+    `bos`: a BOS token the tokenizer defines but neither adds nor its template writes."""
     import transformers
 
-    tokenizer = qwen_tokenizer()
+    tokenizer = qwen_tokenizer(bos=bos)
     rope_parameters = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], **(rope or {})}
     config = getattr(transformers, f"{family}Config")(
         text_config=text_config(tokenizer, rope_parameters=rope_parameters, **(text or {})),
@@ -220,9 +221,9 @@ def build_qwen(path: Path, seed: int, family: str, vision: dict, text: dict | No
     return save(path, getattr(transformers, f"{family}ForConditionalGeneration"), config, processor, seed)
 
 
-def build_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
+def build_qwen2_5_vl(path: Path, seed: int = 0, bos: str | None = None) -> Path:
     return build_qwen(path, seed, "Qwen2_5_VL", dict(hidden_size=32, intermediate_size=64, window_size=32,
-                                                     out_hidden_size=64, fullatt_block_indexes=[1]))
+                                                     out_hidden_size=64, fullatt_block_indexes=[1]), bos=bos)
 
 
 def build_qwen2_vl(path: Path, seed: int = 0) -> Path:
@@ -240,8 +241,9 @@ def siglip(image_size: int = 32, **overrides) -> dict:
                 num_attention_heads=2, image_size=image_size, patch_size=8, **overrides)
 
 
-def build_gemma3(path: Path, seed: int = 0) -> Path:
-    """Gemma 3: 32-pixel images, 16 image tokens each between "\n\n<start_of_image>" and "<end_of_image>\n\n"."""
+def build_gemma3(path: Path, seed: int = 0, sliding_window: int = 64, layer_types: list[str] | None = None) -> Path:
+    """Gemma 3: 32-pixel images, 16 image tokens each between "\n\n<start_of_image>" and "<end_of_image>\n\n".
+    Both layers slide by default (Gemma's pattern puts a full layer every sixth)."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessorPil
 
     specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
@@ -250,7 +252,8 @@ def build_gemma3(path: Path, seed: int = 0) -> Path:
                                 style="sentencepiece", chat_template=GEMMA3_TEMPLATE,
                                 extra={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
                                        "image_token": "<image_soft_token>"})
-    text = text_config(tokenizer, head_dim=16, query_pre_attn_scalar=16, sliding_window=64)
+    text = text_config(tokenizer, head_dim=16, query_pre_attn_scalar=16, sliding_window=sliding_window,
+                       **({"layer_types": layer_types} if layer_types else {}))
     config = Gemma3Config(text_config=text, vision_config=siglip(vision_use_head=False), mm_tokens_per_image=16,
                           boi_token_index=token_id(tokenizer, "<start_of_image>"),
                           eoi_token_index=token_id(tokenizer, "<end_of_image>"),
@@ -364,7 +367,7 @@ def build_llava_onevision(path: Path, seed: int = 0) -> Path:
     return save(path, LlavaOnevisionForConditionalGeneration, config, processor, seed)
 
 
-def build_aya_vision(path: Path, seed: int = 0) -> Path:
+def build_aya_vision(path: Path, seed: int = 0, sliding_window: int = 64) -> Path:
     """Aya Vision: 32-pixel tiles (up to 4) of 4 tokens each, TILE_i markers, then the global tile."""
     from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, GotOcr2ImageProcessorPil
 
@@ -376,7 +379,7 @@ def build_aya_vision(path: Path, seed: int = 0) -> Path:
                                 add_bos=True, chat_template=AYA_TEMPLATE)
     config = AyaVisionConfig(
         vision_config=siglip(vision_use_head=False),
-        text_config=text_config(tokenizer, model_type="cohere2", head_dim=16, sliding_window=64,
+        text_config=text_config(tokenizer, model_type="cohere2", head_dim=16, sliding_window=sliding_window,
                                 layer_types=["sliding_attention", "full_attention"]),
         downsample_factor=2, image_token_index=token_id(tokenizer, "<|IMG_PATCH|>"),
         vision_feature_select_strategy="full", vision_feature_layer=-1)

@@ -8,7 +8,8 @@ uses only names every one of them has (`modules.shared`, `modules.text_generatio
 
 Hooks, in the order the host calls them:
 - `setup()`: lets the host's `AutoModelForCausalLM` load image-text checkpoints as their full class
-  (`hf_auto/auto_classes.py`), then loads the pipeline (`--multimodal-pipeline`, else the
+  (`hf_auto/auto_classes.py`) and its template environment render `{% generation %}`
+  (`template_tags.py`), then loads the pipeline (`--multimodal-pipeline`, else the
   `multimodal-pipeline` setting, else recognised from the model); raises a RuntimeError listing the
   available pipelines when a model is loaded and none fits. With no model loaded yet (a host started
   without one) the pipeline is picked when a model is; it is picked again whenever the model changes.
@@ -91,6 +92,7 @@ from extensions.multimodal.pipelines.hf_auto.processor_route import processor_in
 from extensions.multimodal.pipelines.hf_auto.routes import ROUTES  # noqa: E402
 from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
 from extensions.multimodal.processor_loading import ProcessorLoadError  # noqa: E402
+from extensions.multimodal.template_tags import add_generation_tag  # noqa: E402
 from modules import shared  # noqa: E402
 from modules.logging_colors import logger  # noqa: E402
 
@@ -137,6 +139,8 @@ def setup() -> None:
     check_history_format(params["history_image_format"])
     registered = register_image_text_classes()
     logger.info(f"Multimodal: AutoModelForCausalLM loads {', '.join(registered) or 'no more'} image-text models whole")
+    if add_generation_tag():
+        logger.info("Multimodal: chat templates may use {% generation %} (llava-hf's do)")
     multimodal_embedder, _embedder_model = None, None
     if shared.model is None:
         logger.info("Multimodal: no model is loaded yet; the pipeline is picked when one is.")
