@@ -50,7 +50,7 @@ def build_tokenizer(specials: list[str], *, bos: str | None, eos: str, pad: str,
 
     style "byte_level": GPT-2/Qwen/Llama-3 style bytes with the split regex; "sentencepiece": Gemma's
     style (spaces become "▁", no pre-split, so runs of newlines merge into one token as in Gemma's
-    vocabulary). `extra` names tokenizer attributes (e.g. `boi_token`) that processors read.
+    vocabulary); "metaspace": Llama's and Mistral's (a "▁" also before the start of the text). `extra` names tokenizer attributes (e.g. `boi_token`) that processors read.
     """
     alphabet = [chr(c) for c in range(32, 127)] + ["\n"]
     tok = Tokenizer(models.BPE(unk_token=unk))
@@ -61,6 +61,10 @@ def build_tokenizer(specials: list[str], *, bos: str | None, eos: str, pad: str,
     elif style == "sentencepiece":
         tok.normalizer = normalizers.Replace(" ", "\u2581")
         tok.decoder = decoders.Replace("\u2581", " ")
+        alphabet = [c if c != " " else "\u2581" for c in alphabet]
+    elif style == "metaspace":  # Llama / Mistral: "\u2581" for spaces, and one before the text's start
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
         alphabet = [c if c != " " else "\u2581" for c in alphabet]
     else:
         raise ValueError(f"unknown tokenizer style {style!r}")
@@ -264,13 +268,13 @@ def build_gemma3(path: Path, seed: int = 0, sliding_window: int = 64, layer_type
     return save(path, Gemma3ForConditionalGeneration, config, processor, seed, embedding_std=EMBEDDING_STD / 8)
 
 
-def build_mistral3(path: Path, seed: int = 0) -> Path:
+def build_mistral3(path: Path, seed: int = 0, tokenizer_style: str = "byte_level") -> Path:
     """Mistral 3 (Pixtral tower): 16-pixel tokens after a 2x2 merge, a [IMG_BREAK] after each row, [IMG_END] last."""
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessorPil
 
     specials = ["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]
     tokenizer = build_tokenizer(specials, bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", add_bos=True,
-                                chat_template=MISTRAL3_TEMPLATE)
+                                style=tokenizer_style, chat_template=MISTRAL3_TEMPLATE)
     config = Mistral3Config(
         vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                            num_attention_heads=2, head_dim=16, image_size=64, patch_size=8),

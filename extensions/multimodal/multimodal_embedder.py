@@ -192,9 +192,9 @@ class MultimodalEmbedder:
         """The ids of one text part, memoised: a chat prompt is measured many times per turn.
 
         The first part is encoded as the host encodes a whole prompt (`add_bos` is the state's
-        `add_bos_token`); later parts without special tokens, so no host puts a BOS in the middle
-        of the prompt (today's text-generation-webui keeps a tokenizer's BOS even when told
-        `add_bos_token=False`).
+        `add_bos_token`); later parts as they follow an image's last special token in the whole
+        prompt (`encode_after_special`), so no host puts a BOS in the middle of the prompt (today's
+        text-generation-webui keeps a tokenizer's BOS even when told `add_bos_token=False`).
         """
         key = (text, first, add_bos)
         ids = self.text_memo.get(key)
@@ -202,7 +202,7 @@ class MultimodalEmbedder:
             if first:
                 ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64)
             else:
-                ids = strip_leading_bos(encode(text, add_special_tokens=False, add_bos_token=False)[0].to(torch.int64))
+                ids = encode_after_special(text)
             self.text_memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
         return ids
 
@@ -368,6 +368,23 @@ class MultimodalEmbedder:
             self.cache.clear()
             self.text_memo.clear()
             self._owner = owner
+
+
+def encode_after_special(text: str) -> torch.Tensor:
+    """`text`'s ids where it follows a special token, as in a whole prompt after an image's tokens.
+
+    Encoded alone, a tokenizer whose pre-tokenizer prepends "▁" to the start of the text
+    (SentencePiece-style Metaspace, Llama's) writes one there that the whole prompt does not have,
+    since the text does not start the prompt. Encoding it after a special token (the EOS: split off
+    before pre-tokenization) and dropping that token's ids gives the whole prompt's ids.
+    """
+    anchor = getattr(shared.tokenizer, "eos_token", None)
+    if not anchor:
+        return strip_leading_bos(encode(text, add_special_tokens=False, add_bos_token=False)[0].to(torch.int64))
+    anchor_ids = encode(anchor, add_special_tokens=False, add_bos_token=False)[0]
+    ids = encode(anchor + text, add_special_tokens=False, add_bos_token=False)[0]
+    assert torch.equal(ids[:len(anchor_ids)], anchor_ids), "the EOS token is not split off the text"
+    return ids[len(anchor_ids):].to(torch.int64)
 
 
 def strip_leading_bos(ids: torch.Tensor) -> torch.Tensor:
