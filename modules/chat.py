@@ -137,6 +137,7 @@ def history_from_turns(turns: list[tuple[str, list, str]], state: dict) -> dict:
 
 def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue: bool = False,
                     loading_message: bool = True, for_ui: bool = False) -> Iterator[dict]:
+    state["notices"] = []  # this turn's: the chat_input hooks and the generation append to it
     output = apply_extensions("history", copy.deepcopy(state["history"]))
     returned = apply_extensions("state", state)
     if returned is not state:  # callers read generation_stats and notices from the dict they passed

@@ -299,7 +299,9 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
     original_question = question
     if not is_chat:
         question = apply_extensions("input", question, state)
-    state["notices"] = []  # extensions append what the user should be told (e.g. images dropped)
+    # Extensions append what the user should be told (e.g. images dropped); a chat turn's list starts
+    # before its chat_input hooks (chat.chatbot_wrapper), which may already have said something.
+    state.setdefault("notices", [])
     stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
     stats = {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"}
     state["generation_stats"] = stats

@@ -157,3 +157,14 @@ def test_input_hijack_fallback(host, llama_dir):
     text, visible = script.chat_input_modifier("hi", "hi", {})
     assert script.IMAGE_TAG_RE.match(text) and text.endswith("\nhi") and script.IMAGE_TAG_RE.search(visible)
     assert script.chat_input_modifier("hi", "hi", {}) == ("hi", "hi")
+
+
+def test_the_jpeg_history_notice_reaches_the_reply(host, llama_dir):
+    """chat_input_modifier says it (state['notices']) before the generation starts; the turn shows it."""
+    script = load_multimodal(host, llama_dir)
+    script.params["history_image_format"] = "jpeg"
+    state = host.greedy_state(max_new_tokens=4, history=chat.new_history(),
+                              message_images=[encoded(noise_image(3, (200, 100)), "PNG")])
+    latest = list(chat.generate_chat_reply("What is it?", state, loading_message=False))[-1]
+    assert "1 picture(s) stored as JPEG" in latest["visible"][-1][1]
+    assert any("stored as JPEG" in notice for notice in state["notices"])
