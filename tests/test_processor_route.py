@@ -69,7 +69,8 @@ def test_a_tagged_prompt_gives_the_processors_own_inputs(root, family):
     ours = processor_inputs(processor, prompt, add_bos=False, max_pixels=10**8)
     text = prompt.replace(tag(pictures[0]), TEMPLATE_IMAGE_TEXT[family]).replace(
         tag(pictures[1]), TEMPLATE_IMAGE_TEXT[family])
-    theirs = processor(text=[text], images=pictures, return_tensors="pt")  # no template BOS: the tokenizer's
+    # as apply_chat_template(tokenize=True) calls it: one conversation's pictures; no template BOS
+    theirs = processor(text=[text], images=[pictures], return_tensors="pt")
     assert sorted(ours) == sorted(theirs)
     for key in theirs:
         assert torch.equal(ours[key], theirs[key]), key
@@ -131,3 +132,22 @@ def test_one_bos_whether_the_template_writes_it_or_the_tokenizer_adds_it(root):
     no_bos = load_processor(built("qwen2_5_vl", root))  # defines no BOS: nothing is added
     ids = processor_inputs(no_bos, f"<|im_start|>user\n{tag(picture(5))}<|im_end|>", True, 10**8)["input_ids"][0]
     assert ids[0] == no_bos.tokenizer.convert_tokens_to_ids("<|im_start|>")
+
+
+@pytest.mark.parametrize("family", ["llava_onevision", "qwen2_5_vl", "mistral3"])
+def test_two_pictures_give_what_hugging_faces_own_chat_template_path_gives(root, family):
+    """The oracle is `apply_chat_template(..., tokenize=True)`: LLaVA-OneVision lays out two pictures of
+    one conversation differently from one picture alone (no anyres tiles), and so must the route."""
+    processor = load_processor(built(family, root))
+    pictures = [picture(6), picture(7, (40, 72))]
+    content = [{"type": "image", "image": pictures[0]}, {"type": "image", "image": pictures[1]},
+               {"type": "text", "text": "Which is brighter?"}]
+    theirs = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=True,
+                                           add_generation_prompt=True, return_tensors="pt")
+    rendered = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+    first, rest = rendered.split(TEMPLATE_IMAGE_TEXT[family], 1)
+    prompt = first + tag(pictures[0]) + rest.replace(TEMPLATE_IMAGE_TEXT[family], tag(pictures[1]), 1)
+    ours = processor_inputs(processor, prompt, add_bos=False, max_pixels=10**8)
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    assert torch.equal(ours["pixel_values"], theirs["pixel_values"])

@@ -11,7 +11,8 @@
 
 The reference, for each turn: the family's processor on the prompt text-generation-webui built
 (`prompt_full`), each `<__media__>` marker (or picture tag) replaced by the text the checkpoint's
-chat template writes for one image, the harness's picture for each, special tokens as Hugging Face's
+chat template writes for one image, the harness's picture for each (one conversation's list, as
+`apply_chat_template(..., tokenize=True)` passes them), special tokens as Hugging Face's
 `apply_chat_template(..., tokenize=True)` adds them (none when the prompt starts with the BOS; in
 chat mode text-generation-webui's `add_bos_token` adds a missing one), then greedy `model.generate`
 with the harness's settings (its token bans, EOS banned). The image text per family is
@@ -111,7 +112,7 @@ class Reference:
         if self.add_bos and bos and not text.startswith(bos):
             text = bos + text
         # Hugging Face's apply_chat_template(tokenize=True) rule: no special tokens after a template's BOS
-        inputs = self.processor(text=[text], images=[picture] * count or None, return_tensors="pt",
+        inputs = self.processor(text=[text], images=[[picture] * count] if count else None, return_tensors="pt",
                                 add_special_tokens=not (bos and text.startswith(bos)))
         with self.torch.inference_mode():
             out = self.model.generate(**inputs, max_new_tokens=n_tokens, do_sample=False, eos_token_id=[self.eos],

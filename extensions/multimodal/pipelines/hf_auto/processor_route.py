@@ -77,9 +77,11 @@ def with_bos_rule(text: str, bos_token: Optional[str], add_bos: bool) -> str:
 def processor_inputs(processor, prompt: str, add_bos: bool, max_pixels: int) -> BatchFeature:
     """The processor's tensors for `prompt`, each tag replaced by `image_text` and its picture.
 
-    Special tokens as Hugging Face's `apply_chat_template(..., tokenize=True)` adds them: none when
-    the text starts with the BOS (a template that writes it), else the tokenizer's own (a tokenizer
-    that adds a BOS adds it). text-generation-webui's `encode()` gives the same single BOS.
+    As Hugging Face's `apply_chat_template(..., tokenize=True)` calls the processor: the pictures as
+    one conversation's list (LLaVA-OneVision lays out several pictures of one prompt differently
+    from one alone); special tokens none when the text starts with the BOS (a template that writes
+    it), else the tokenizer's own (a tokenizer that adds a BOS adds it). text-generation-webui's
+    `encode()` gives the same single BOS.
     """
     pieces, images = [], []
     last = 0
@@ -89,5 +91,5 @@ def processor_inputs(processor, prompt: str, add_bos: bool, max_pixels: int) -> 
         last = match.end()
     bos = processor.tokenizer.bos_token
     text = with_bos_rule("".join(pieces) + prompt[last:], bos, add_bos)
-    return processor(text=[text], images=images or None, add_special_tokens=not (bos and text.startswith(bos)),
-                     return_tensors="pt")
+    return processor(text=[text], images=[images] if images else None,
+                     add_special_tokens=not (bos and text.startswith(bos)), return_tensors="pt")
