@@ -13,9 +13,6 @@ its own pins, reply tokens against Hugging Face's). Here:
 """
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 import torch
 from PIL import Image
@@ -24,7 +21,7 @@ from extensions.multimodal.image_codec import store_image
 from extensions.multimodal.pipelines.hf_auto.processor_route import image_text, processor_inputs, with_bos_rule
 from extensions.multimodal.processor_loading import (load_processor, pil_image_processor,
                                                      pil_image_processor_by_name)
-from tests import vlm_families
+from tests.test_processor_loading import built, root  # noqa: F401  (root is a fixture)
 
 # What each builder's chat template writes for an image part (tests/vlm_families.py).
 TEMPLATE_IMAGE_TEXT = {
@@ -34,16 +31,6 @@ TEMPLATE_IMAGE_TEXT = {
     "idefics3": "<image>", "smolvlm": "<image>", "internvl": "<IMG_CONTEXT>\n", "aya_vision": "<image>",
     "mllama": "<|image|>",
 }
-
-
-@functools.cache
-def built(name: str, root: str) -> Path:
-    return Path(vlm_families.FAMILIES[name](f"{root}/{name}"))
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("processor_route"))
 
 
 def picture(seed: int, size=(64, 48)) -> Image.Image:
