@@ -18,7 +18,8 @@ Hooks, in the order the host calls them:
 - `chat_input_modifier(text, visible_text, state)`: puts the images sent with this message
   (`state['message_images']`, from this repository's UI and API, or `input_hijack`) into the text
   as `<img>` tags: each `<image>` in the text takes the next one, the rest go before the text.
-- `custom_tokenized_length(prompt)`: prompt length in tokens, image tokens included.
+- `custom_tokenized_length(prompt)`: prompt length in tokens, image tokens included (on the processor
+  route None for a prompt without pictures: the host measures text itself).
 - `custom_generate_reply(question, original_question, ...)`: present only while the loaded model is
   an image-text checkpoint served through its processor in a host that builds `generate()`'s inputs
   itself (text-generation-webui): the host's own generation, with the processor's image tensors
@@ -320,10 +321,12 @@ def stand_in_tag() -> str:
     return _stand_in_tag[0]
 
 
-def custom_tokenized_length(prompt: str) -> int:
+def custom_tokenized_length(prompt: str) -> Optional[int]:
     if MEDIA_MARKER in prompt:
         prompt = prompt.replace(MEDIA_MARKER, stand_in_tag())
     if processor_route():
+        if IMAGE_TAG_RE.search(prompt) is None:
+            return None  # the host measures text itself (every host falls back on None)
         return int(route_inputs(prompt, add_bos=False)["input_ids"].shape[-1])
     return embedder().len_in_tokens(prompt)
 
