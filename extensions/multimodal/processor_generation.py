@@ -16,11 +16,10 @@ from typing import Iterator
 
 from extensions.multimodal.defaults import PROCESSOR_INPUTS
 from modules import shared
+from modules.text_generation import generate_reply_HF  # the host's own generation, in every host
 
 
 def generate_reply(question: str, original_question: str, *args, **kwargs) -> Iterator[str]:
-    from modules.text_generation import generate_reply_HF  # the host's own generation, in every host
-
     state = next(arg for arg in args if isinstance(arg, dict))
     model = shared.model
     own = model.__dict__.get("generate")  # an instance attribute (a host's or a tool's wrapper) to restore
