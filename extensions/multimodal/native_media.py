@@ -66,21 +66,18 @@ def data_url_bytes(url: str, label: str) -> bytes:
 
 
 def fetch(url: str) -> bytes:
-    """An http(s) image, with text-generation-webui's own guarded fetch where the host has it."""
+    """An http(s) image through the host's own fetcher that refuses private addresses (today's
+    text-generation-webui's `safe_get`). A host without one gets a clear refusal, never an unguarded
+    fetch: a URL in a request must not make the server reach into its own network."""
     try:
         from modules.web_search import safe_get  # today's text-generation-webui: blocks private addresses
     except ImportError:
-        safe_get = None
+        raise ImageDecodeError(f"Cannot fetch the image {url[:80]}: this host offers no fetcher that refuses "
+                               f"private addresses. Send the picture itself (a data: URL or an upload).") from None
     try:
-        if safe_get is not None:
-            response = safe_get(url, timeout=FETCH_TIMEOUT_S)
-            response.raise_for_status()
-            data = response.content
-        else:
-            import urllib.request
-
-            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 (http(s) only, below)
-                data = response.read(FETCH_MAX_BYTES + 1)
+        response = safe_get(url, timeout=FETCH_TIMEOUT_S)
+        response.raise_for_status()
+        data = response.content
     except Exception as error:  # network errors come in many types; the user needs the cause
         raise ImageDecodeError(f"Cannot fetch the image {url[:80]}: {type(error).__name__}: {error}") from error
     if len(data) > FETCH_MAX_BYTES:
