@@ -9,6 +9,7 @@ Everything is read when called, never at import time.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +19,7 @@ import torch
 from modules import shared
 
 
+@functools.cache  # the host does not change while it runs
 def host_builds_routes() -> bool:
     """Whether the host builds `generate()`'s inputs from the route an extension leaves in the state
     (this repository's `modules.model_inputs`); text-generation-webui takes ids or embeddings only."""
