@@ -4,10 +4,12 @@ Each family's tiny checkpoint (tests/vlm_families.py) is loaded as `python serve
 would load it (`host_helpers.load`: the host's model loader, the multimodal extension picking the
 `transformers` pipeline by itself). A chat turn goes through the host's own chat function with the
 pictures sent as PNG bytes (`state['message_images']`, what the UI's upload and the API hand over),
-or through `/v1/chat/completions`. The reference is `model.generate(**processor(text, images))` on
-the same conversation rendered with the processor's own chat template, with Hugging Face's single-BOS
-convention (`apply_chat_template(tokenize=True)`: no second BOS when the template writes one), and the
-image token suppressed as the host's placeholder ban does (a random tiny model may well pick it).
+or through `/v1/chat/completions`. The reference is `model.generate(**processor(text, [images]))` on
+the same conversation rendered with the processor's own chat template, called as Hugging Face's
+`apply_chat_template(tokenize=True)` calls it (the conversation's pictures as one list; no second BOS
+when the template writes one), with the image token suppressed as the host's placeholder ban does (a
+random tiny model may well pick it). LLaVA-OneVision's scenarios with two pictures are expected to
+fail (strict xfail) until the embedder lays out several pictures as Hugging Face does.
 Scenarios: one picture; two pictures of different sizes in one message; three turns with a new
 picture on turn 3, prefix cache on and off; the same three turns through the API. Each turn first
 shows that the picture matters (another picture changes the reference reply).
@@ -27,6 +29,11 @@ from modules import chat, shared
 from tests import api_helpers, host_helpers, vlm_families
 
 FAMILIES = [name for name in vlm_families.FAMILIES if name not in ("mllama", "qwen3_vl")]
+# Hugging Face lays out a LLaVA-OneVision conversation's pictures differently once it holds two (base
+# tile and newline, no anyres tiles); the host's embedder lays out each picture as if it were alone.
+SEVERAL_PICTURES = [pytest.param(name, marks=pytest.mark.xfail(
+    strict=True, reason="issue 31 cause 2: LLaVA-OneVision's layout of several pictures, not yet in the embedder"))
+    if name == "llava_onevision" else name for name in FAMILIES]
 NEW_TOKENS = 8
 
 
@@ -55,7 +62,8 @@ def hf_reply(history: list[tuple[str, list[bytes], str | None]]) -> str:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
     prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     bos = processor.tokenizer.bos_token
-    inputs = processor(text=prompt, images=images or None, return_tensors="pt",
+    # One conversation's pictures as one list, as apply_chat_template(tokenize=True) passes them.
+    inputs = processor(text=prompt, images=[images] if images else None, return_tensors="pt",
                        add_special_tokens=not (bos is not None and prompt.startswith(bos)))
     with torch.inference_mode():
         output = shared.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
@@ -97,7 +105,7 @@ def test_one_picture(loaded):
     check([("What is in the picture?", [picture], None)], reply)
 
 
-@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
+@pytest.mark.parametrize("loaded", SEVERAL_PICTURES, indirect=True)
 def test_two_pictures_of_different_sizes(loaded):
     first, second = png(64, 48, 3), png(40, 72, 4)
     reply, _ = host_reply("Which image is larger?", [first, second], chat.new_history(), prefix_cache=False)
@@ -108,7 +116,7 @@ TURNS = [("What is in the picture?", (64, 48, 6)), ("And the colours?", None), (
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-cache", "prefix-cache"])
-@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
+@pytest.mark.parametrize("loaded", SEVERAL_PICTURES, indirect=True)
 def test_three_turns_with_a_new_picture_on_turn_three(loaded, prefix_cache):
     history, turns = chat.new_history(), []
     for text, size in TURNS:
@@ -122,7 +130,7 @@ def test_three_turns_with_a_new_picture_on_turn_three(loaded, prefix_cache):
         turns[-1] = (text, pictures, reply)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", SEVERAL_PICTURES)
 def test_three_turns_through_the_api(folders, name):
     three_turns_through_the_api(folders(name))
 
