@@ -8,8 +8,8 @@ or through `/v1/chat/completions`. The reference is `model.generate(**processor(
 the same conversation rendered with the processor's own chat template, called as Hugging Face's
 `apply_chat_template(tokenize=True)` calls it (the conversation's pictures as one list; no second BOS
 when the template writes one), with the image token suppressed as the host's placeholder ban does (a
-random tiny model may well pick it). LLaVA-OneVision's scenarios with two pictures are expected to
-fail (strict xfail) until the embedder lays out several pictures as Hugging Face does.
+random tiny model may well pick it). So LLaVA-OneVision's pictures are laid out as one of several
+once the conversation holds two (base tile and newline, no anyres tiles), as Hugging Face does.
 Scenarios: one picture; two pictures of different sizes in one message; three turns with a new
 picture on turn 3, prefix cache on and off; the same three turns through the API. Each turn first
 shows that the picture matters (another picture changes the reference reply).
@@ -29,11 +29,6 @@ from modules import chat, shared
 from tests import api_helpers, host_helpers, vlm_families
 
 FAMILIES = [name for name in vlm_families.FAMILIES if name not in ("mllama", "qwen3_vl")]
-# Hugging Face lays out a LLaVA-OneVision conversation's pictures differently once it holds two (base
-# tile and newline, no anyres tiles); the host's embedder lays out each picture as if it were alone.
-SEVERAL_PICTURES = [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, reason="issue 31 cause 2: LLaVA-OneVision's layout of several pictures, not yet in the embedder"))
-    if name == "llava_onevision" else name for name in FAMILIES]
 NEW_TOKENS = 8
 
 
@@ -105,7 +100,7 @@ def test_one_picture(loaded):
     check([("What is in the picture?", [picture], None)], reply)
 
 
-@pytest.mark.parametrize("loaded", SEVERAL_PICTURES, indirect=True)
+@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
 def test_two_pictures_of_different_sizes(loaded):
     first, second = png(64, 48, 3), png(40, 72, 4)
     reply, _ = host_reply("Which image is larger?", [first, second], chat.new_history(), prefix_cache=False)
@@ -116,7 +111,7 @@ TURNS = [("What is in the picture?", (64, 48, 6)), ("And the colours?", None), (
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-cache", "prefix-cache"])
-@pytest.mark.parametrize("loaded", SEVERAL_PICTURES, indirect=True)
+@pytest.mark.parametrize("loaded", FAMILIES, indirect=True)
 def test_three_turns_with_a_new_picture_on_turn_three(loaded, prefix_cache):
     history, turns = chat.new_history(), []
     for text, size in TURNS:
@@ -130,7 +125,7 @@ def test_three_turns_with_a_new_picture_on_turn_three(loaded, prefix_cache):
         turns[-1] = (text, pictures, reply)
 
 
-@pytest.mark.parametrize("name", SEVERAL_PICTURES)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_three_turns_through_the_api(folders, name):
     three_turns_through_the_api(folders(name))
 
@@ -178,3 +173,21 @@ def test_an_old_turn_that_does_not_fit_goes_whole_with_its_picture(loaded):
     latest = list(chat.generate_chat_reply("And this one?", state, loading_message=False))[-1]
     assert state["generation_stats"]["prompt_tokens"] < get_encoded_length(full)
     assert latest["internal"][-1][1] == hf_reply([("And this one?", [new], None)])
+
+
+@pytest.mark.parametrize("loaded", ["llava_onevision"], indirect=True)
+def test_a_picture_that_truncation_leaves_alone_is_laid_out_alone(loaded):
+    """Two pictures are laid out as several; when truncation drops the first, the second is laid out
+    again as a lone picture, as Hugging Face would for that prompt. A lone LLaVA-OneVision picture
+    takes more tokens than two as several here, so it no longer fits either and goes too."""
+    from extensions.multimodal import script
+    from extensions.multimodal.image_codec import store_bytes
+
+    embedder, first, second = script.embedder(), png(64, 48, 12), png(48, 64, 13)
+    tags = [store_bytes(picture).tag for picture in (first, second)]
+    prompt = f"Look: {tags[0]} and {tags[1]} Which one?"
+    both, second_alone = embedder.len_in_tokens(prompt), embedder.len_in_tokens(f" and {tags[1]} Which one?")
+    assert second_alone > both, "this checks nothing: the lone layout is not the longer one"
+    state = host_helpers.greedy_state(max_new_tokens=NEW_TOKENS, truncation_length=both - 10 + NEW_TOKENS)
+    _, ids, _, images = embedder.forward(prompt, state, script.params)
+    assert images == 0 and int((ids == embedder.image_row_id()).sum()) == 0

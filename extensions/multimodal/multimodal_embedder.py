@@ -106,6 +106,10 @@ class MultimodalEmbedder:
         start = self.pipeline.image_start() or ""
         marker_length = len(self._encode_memo(start, first=False)) if start else 0
         kept, removed = truncate_parts(parts, max_length, marker_length)
+        if removed and self._several(kept) != self._several(parts):  # the last picture left lays out alone
+            kept, more = truncate_parts(self._assign_ids(kept, bool(state.get("add_bos_token", True))), max_length,
+                                        marker_length)
+            removed += more
         if sum(n_tokens(part) for part in kept) == 0:
             raise PromptTooLongError(
                 f"The prompt ({total} tokens, {count_images(parts)} image(s)) cannot fit in {max_length} tokens "
@@ -116,10 +120,10 @@ class MultimodalEmbedder:
         return kept
 
     def _assign_ids(self, parts: List[PromptPart], add_bos: bool) -> List[PromptPart]:
-        embedded = self._images_to_embed(parts)
+        embedded, several = self._images_to_embed(parts), self._several(parts)
         for i, part in enumerate(parts):
             if part.is_image:
-                part.layout = self._image_layout(part, part.index in embedded)
+                part.layout = self._image_layout(part, part.index in embedded, several)
                 part.input_ids = part.layout.ids
             else:
                 part.input_ids = self._encode_memo(part.text, first=i == 0, add_bos=add_bos)
@@ -138,24 +142,29 @@ class MultimodalEmbedder:
         preferred = getattr(self.pipeline, "embeds_all_images", None)  # absent in pipelines of the original
         return bool(preferred and preferred())
 
-    def _image_layout(self, part: PromptPart, embedded: bool) -> ImageLayout:
+    def _several(self, parts: List[PromptPart]) -> bool:
+        """Whether the prompt's pictures are laid out as several (only pipelines that say it matters)."""
+        depends = getattr(self.pipeline, "layout_depends_on_count", None)
+        return bool(depends and depends()) and count_images(parts) > 1
+
+    def _image_layout(self, part: PromptPart, embedded: bool, several: bool = False) -> ImageLayout:
         """The ids an image becomes: `num_image_embeds()` placeholders, or the pipeline's own per-image layout."""
         if not (embedded and self._varies_per_image()):
             return ImageLayout(self._placeholder_ids(int(self.pipeline.num_image_embeds())))
         if part.image is not None:
-            return self._layout_of(part.image)
-        key = ("image layout", part.b64)  # the prompt is measured many times per turn: lay out each image once
+            return self._layout_of(part.image, several)
+        key = ("image layout", part.b64, several)  # the prompt is measured many times per turn: lay out each image once
         layout = self.text_memo.get(key)
         if layout is None:
             # A count from the size needs only the header; a processor's own layout needs the pixels.
             read = tag_b64_to_image if self._overrides("image_layout") else image_for_counting
-            layout = self._layout_of(read(part.b64, self._max_pixels(), image_label(part.index)))
+            layout = self._layout_of(read(part.b64, self._max_pixels(), image_label(part.index)), several)
             self.text_memo.put(key, layout, tensor_nbytes(layout.ids) + len(part.b64))
         return layout
 
-    def _layout_of(self, image) -> ImageLayout:
+    def _layout_of(self, image, several: bool = False) -> ImageLayout:
         if self._overrides("image_layout"):
-            layout = self.pipeline.image_layout(image)
+            layout = self.pipeline.image_layout(image, several=True) if several else self.pipeline.image_layout(image)
             return ImageLayout(layout.ids.to(device=model_device(), dtype=torch.int64), layout.info)
         return ImageLayout(self._placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
 
@@ -261,7 +270,7 @@ class MultimodalEmbedder:
         embeddings of its ids with its feature rows at the placeholder positions.
         """
         with torch.inference_mode():
-            self._embed_images([part for part in parts if part.is_image and part.embedding is None])
+            self._embed_images([part for part in parts if part.is_image and part.embedding is None], self._several(parts))
             mixed = [part for part in parts if part.is_image and not bool(self._feature_rows(part).all())]
             token_rows = self._embed_tokens([part for part in parts if not part.is_image] + mixed)
             for part in parts:
@@ -285,12 +294,12 @@ class MultimodalEmbedder:
         """`(n,)` bool: the positions of an image part that take feature rows."""
         return part.input_ids == int(self.pipeline.placeholder_token_id())
 
-    def _embed_images(self, parts: List[PromptPart]) -> None:
+    def _embed_images(self, parts: List[PromptPart], several: bool = False) -> None:
         self.last_stats.images = len(parts)
         if not parts:
             self.last_stats.from_cache = 0
             return
-        context = pipeline_context(self.pipeline, self.params)
+        context = pipeline_context(self.pipeline, self.params) + ("|one of several" if several else "")
         keys = [image_cache_key(self._image_bytes(part), context) for part in parts]
         found: Dict[str, torch.Tensor] = {}
         for key in dict.fromkeys(keys):
@@ -300,16 +309,16 @@ class MultimodalEmbedder:
         self.last_stats.from_cache = sum(1 for key in keys if key in found)
         misses = {key: part for key, part in zip(keys, parts) if key not in found}  # one per distinct image
         if misses:
-            found.update(self._embed_misses(misses))
+            found.update(self._embed_misses(misses, several))
         for key, part in zip(keys, parts):
             part.features = part.embedding = found[key]
 
-    def _embed_misses(self, misses: Dict[str, PromptPart]) -> Dict[str, torch.Tensor]:
+    def _embed_misses(self, misses: Dict[str, PromptPart], several: bool = False) -> Dict[str, torch.Tensor]:
         parts = list(misses.values())
         images = [part.image if part.image is not None else
                   decode_image_bytes(self._image_bytes(part), self._max_pixels(), image_label(part.index))
                   for part in parts]
-        output = self.pipeline.embed_images(images)
+        output = self.pipeline.embed_images(images, several=True) if several else self.pipeline.embed_images(images)
         rows = split_image_rows(output, [int(self._feature_rows(part).sum()) for part in parts], self.pipeline.name())
         fresh = {}
         for key, embedding in zip(misses, rows):

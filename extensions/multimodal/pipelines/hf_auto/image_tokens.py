@@ -6,10 +6,10 @@ token, everything the processor writes for it. Nothing here resizes or counts by
 processor is run on placeholder text and its own replacement text is tokenized.
 
 Tokens per image vary with the image in most families (Qwen's dynamic resolution, Pixtral's rows,
-Idefics3/SmolVLM splitting, InternVL/Aya tiles, LLaVA-NeXT/OneVision anyres). The images of one
-prompt go to the processor together, as a flat list, the way `processor(text=prompt, images=[...])`
-is called: LLaVA-OneVision then lays out each image on its own (anyres); its multi-image layout
-(base tile + newline only) applies to nested `images=[[a, b]]`, which nothing here uses.
+Idefics3/SmolVLM splitting, InternVL/Aya tiles, LLaVA-NeXT/OneVision anyres). Images go to the
+processor as a flat list (each laid out on its own), or `together`, as one conversation's list,
+the way `apply_chat_template(tokenize=True)` passes a conversation's pictures: LLaVA-OneVision then
+lays out each of several pictures as its base tile and a newline, no anyres tiles.
 
 Text the processor writes around an image's special tokens (Gemma 3: "\\n\\n" on each side) is
 kept apart as `before` / `after`: tokenized on its own it can split differently from the
@@ -67,17 +67,18 @@ def image_token_id(model) -> int:
     raise ValueError(f"{type(model).__name__}'s config has no image_token_id / image_token_index")
 
 
-def process_images(processor, images: Sequence[Image.Image]) -> ProcessedImages:
+def process_images(processor, images: Sequence[Image.Image], together: bool = False) -> ProcessedImages:
     """Run the processor once on the images of one prompt; their tensors and their ids.
 
-    Images go in as given (the processor converts modes itself), one placeholder each.
+    Images go in as given (the processor converts modes itself), one placeholder each; `together`:
+    as one conversation's pictures (see the module docstring).
     """
     if not images:
         raise ValueError("process_images needs at least one image, got 0")
     images = list(images)
     text = image_placeholder(processor) * len(images)
-    inputs = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False,
-                       return_text_replacement_offsets=True)
+    inputs = processor(text=[text], images=[images] if together else images, return_tensors="pt",
+                       add_special_tokens=False, return_text_replacement_offsets=True)
     replacements = inputs.pop("text_replacement_offsets", None)
     pattern = added_tokens_pattern(processor.tokenizer)
     if replacements is None:  # the processor keeps its placeholder as is (Mllama: one <|image|> per image)

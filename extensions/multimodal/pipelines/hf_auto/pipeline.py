@@ -29,6 +29,8 @@ VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector
 UNSUPPORTED = {"mllama": "its images enter through cross-attention, not as prompt rows",
                "qwen3_vl": "its DeepStack rows travel beside the image features"}
 BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
+# Families whose processor lays out a picture differently once the conversation holds several.
+SEVERAL_CHANGE_LAYOUT = ("llava_onevision",)
 # The processor's replacement offsets and `generate(mm_encoder_outputs=...)` this pipeline builds on.
 MIN_TRANSFORMERS = (5, 23)
 
@@ -46,6 +48,12 @@ def check_transformers(name: str) -> None:
         raise ValueError(f"The '{name}' pipeline needs transformers {'.'.join(map(str, MIN_TRANSFORMERS))} or newer "
                          f"(the processor's replacement offsets, pre-encoded image features); this environment has "
                          f"{transformers.__version__}. Upgrade transformers: pip install -U 'transformers>=5.23'.")
+
+
+def with_company(images: List[Image.Image], several: bool) -> List[Image.Image]:
+    """A lone image of a prompt holding several goes with a copy of itself, so the processor lays it
+    out as one of several (what it is in its prompt); the copy's share is dropped by the caller."""
+    return list(images) + list(images[:1]) if several and len(images) == 1 else list(images)
 
 
 class TransformersPipeline(AbstractMultimodalPipeline):
@@ -113,20 +121,28 @@ class TransformersPipeline(AbstractMultimodalPipeline):
     def placeholder_embeddings(self) -> torch.Tensor:
         return self.embed_tokens(torch.full((self.tokens_per_image,), self.image_id, dtype=torch.long))
 
-    def embed_images(self, images: List[Image.Image]) -> List[torch.Tensor]:
-        """`(rows, hidden)` per image, from one batched `get_image_features`, on the LM's device and dtype."""
+    def embed_images(self, images: List[Image.Image], several: bool = False) -> List[torch.Tensor]:
+        """`(rows, hidden)` per image, from one batched `get_image_features`, on the LM's device and dtype.
+
+        `several`: the images belong to a prompt holding more than one (`layout_depends_on_count`).
+        """
         if not images:
             raise ValueError("embed_images needs at least one image, got 0")
-        rows, _ = features_of(self.model, process_images(self.processor, images))
+        rows, _ = features_of(self.model, process_images(self.processor, with_company(images, several), several))
         device, dtype = loaded_model.placement()
-        return [r.to(device, dtype) for r in rows]
+        return [r.to(device, dtype) for r in rows[:len(images)]]
 
     # -- Optional capabilities --------------------------------------------------------------------
 
-    def image_layout(self, image: Image.Image) -> ImageLayout:
-        processed = process_images(self.processor, [image])
+    def image_layout(self, image: Image.Image, several: bool = False) -> ImageLayout:
+        processed = process_images(self.processor, with_company([image], several), several)
         grid = processed.inputs.get("image_grid_thw")
-        return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid} if grid is not None else {})
+        return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid[:1]} if grid is not None else {})
+
+    def layout_depends_on_count(self) -> bool:
+        """Whether a picture's layout and rows change once its prompt holds several (LLaVA-OneVision);
+        then `image_layout` and `embed_images` take `several`."""
+        return self.model.config.model_type in SEVERAL_CHANGE_LAYOUT
 
     def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
                         features: List[torch.Tensor]) -> Optional[Callable[[int], dict]]:
