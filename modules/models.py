@@ -54,34 +54,50 @@ def is_image_text_config(config: dict[str, Any]) -> bool:
     return "vision_config" in config
 
 
-def pick_dtype() -> torch.dtype:
-    """CUDA: float16, or bfloat16 with --bf16. CPU: float32, or bfloat16 with --bf16 (CPUs with AVX-512 BF16 /
-    AMX multiply it about twice as fast; float16 has no fast path on CPUs)."""
+def saved_dtype(config: dict[str, Any]) -> torch.dtype | None:
+    """The dtype a folder's config.json says its weights are in (today's `dtype` or the older
+    `torch_dtype`, at the top or in `text_config`); None when it says none."""
+    for section in (config, config.get("text_config") or {}):
+        name = section.get("dtype") or section.get("torch_dtype")
+        if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+    return None
+
+
+def pick_dtype(config: dict[str, Any]) -> torch.dtype:
+    """bfloat16 with --bf16. CUDA: the checkpoint's float16 or bfloat16, else float16. CPU: float32
+    with --cpu (as text-generation-webui's --cpu; most CPUs multiply it fastest), else the dtype the
+    checkpoint is saved in, which is what Hugging Face's `from_pretrained` loads by default: a hub
+    folder saved in bfloat16 then gives Hugging Face's tokens, not float32's."""
+    if shared.args.bf16:
+        return torch.bfloat16
+    saved = saved_dtype(config)
     if use_cuda():
-        return torch.bfloat16 if shared.args.bf16 else torch.float16
-    return torch.bfloat16 if shared.args.bf16 else torch.float32
+        return saved if saved in (torch.float16, torch.bfloat16) else torch.float16
+    return torch.float32 if shared.args.cpu or saved is None else saved
 
 
 def use_cuda() -> bool:
     return torch.cuda.is_available() and not shared.args.cpu
 
 
-def quantization_config() -> transformers.BitsAndBytesConfig | None:
+def quantization_config(dtype: torch.dtype) -> transformers.BitsAndBytesConfig | None:
     if not (shared.args.load_in_8bit or shared.args.load_in_4bit):
         return None
     if not use_cuda():
         raise ValueError("--load-in-8bit and --load-in-4bit need CUDA (bitsandbytes); this machine runs on the CPU. "
                          "Drop the flag to load full-precision weights.")
     if shared.args.load_in_4bit:
-        return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=pick_dtype())
+        return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
     return transformers.BitsAndBytesConfig(load_in_8bit=True)
 
 
-def loading_kwargs() -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"dtype": pick_dtype(), "trust_remote_code": shared.args.trust_remote_code}
+def loading_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    dtype = pick_dtype(config)
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": shared.args.trust_remote_code}
     if use_cuda():
         kwargs["device_map"] = "auto"  # accelerate places the layers
-    quant = quantization_config()
+    quant = quantization_config(dtype)
     if quant is not None:
         kwargs["quantization_config"] = quant
     return kwargs
@@ -98,7 +114,7 @@ def load_model(model_name: str):
     """Load a model folder; returns `(model, tokenizer)` and sets `shared.processor`."""
     path = resolve_model_path(model_name)
     config = read_config_dict(path)
-    kwargs = loading_kwargs()
+    kwargs = loading_kwargs(config)
     logger.info(f"Loading {path} ({config.get('model_type', '?')}, {kwargs['dtype']})")
     shared.processor = None
     shared.is_multimodal = is_image_text_config(config)
