@@ -22,6 +22,16 @@ class ImageLayout:
     info: dict = field(default_factory=dict)  # per-image facts `generate_kwargs` needs (Qwen: the image's grid)
 
 
+def feature_rows(features: torch.Tensor) -> torch.Tensor:
+    """The `(rows, hidden)` an image's features put at its placeholder positions.
+
+    `embed_images` gives per image `(rows, hidden)`, or `(rows, 1 + k, hidden)` for a model that also
+    adds k rows per image position inside its language model (Qwen3-VL's DeepStack: one per early
+    layer); then `[:, 0]` are the rows and the rest reach the model through `generate_kwargs`.
+    """
+    return features[:, 0] if features.dim() == 3 else features
+
+
 class AbstractMultimodalPipeline(ABC):
     @staticmethod
     @abstractmethod
@@ -100,7 +110,8 @@ class AbstractMultimodalPipeline(ABC):
         """How the model takes this prompt, when stitched `inputs_embeds` alone are not enough; None when they are.
 
         In: the prompt's ids `(1, n)` (the real placeholder ids), its stitched embeddings `(1, n, hidden)`,
-        and per embedded image, in order, its layout and feature rows `(rows, hidden)`. Out: a function
+        and per embedded image, in order, its layout and features (as `embed_images` gave them: see
+        `feature_rows`). Out: a function
         of how many leading tokens a prefix KV cache already holds, giving `generate()` keyword arguments
         (the cache itself is added by the host): e.g. 3-D rotary `position_ids` (Qwen2-VL), or `input_ids`
         with the precomputed features and `token_type_ids` (Gemma 3). Hosts without this hook

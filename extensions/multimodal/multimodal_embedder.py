@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, feature_rows
 from extensions.multimodal.defaults import with_defaults
 from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
                                                    tensor_nbytes)
@@ -278,7 +278,7 @@ class MultimodalEmbedder:
                     part.embedding = token_rows[id(part)]
             for part in mixed:
                 rows = token_rows[id(part)].clone()
-                rows[self._feature_rows(part)] = part.features.to(rows.device, rows.dtype)
+                rows[self._feature_rows(part)] = feature_rows(part.features).to(rows.device, rows.dtype)
                 part.embedding = rows
         return parts
 
@@ -311,7 +311,7 @@ class MultimodalEmbedder:
         if misses:
             found.update(self._embed_misses(misses, several))
         for key, part in zip(keys, parts):
-            part.features = part.embedding = found[key]
+            part.features, part.embedding = found[key], feature_rows(found[key])
 
     def _embed_misses(self, misses: Dict[str, PromptPart], several: bool = False) -> Dict[str, torch.Tensor]:
         parts = list(misses.values())

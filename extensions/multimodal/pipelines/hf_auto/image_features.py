@@ -9,7 +9,7 @@ LLaVA-OneVision `image_sizes` + `batch_num_images`). Rows are split per image by
 image tokens in each image's ids, so a count mismatch is caught here, naming both counts.
 
 Qwen3-VL's DeepStack features (rows added to the hidden states of the first LM layers at the same
-positions) come per image too, from `image_features_with_deepstack`.
+positions) come per image too, from `features_of`.
 """
 from __future__ import annotations
 
@@ -25,15 +25,6 @@ from .image_tokens import ProcessedImages, image_token_id, process_images
 def image_features(model, processor, images: Sequence[Image.Image]) -> list[torch.Tensor]:
     """`(rows, hidden)` per image: what the model writes at that image's image-token rows."""
     return features_of(model, process_images(processor, images))[0]
-
-
-def image_features_with_deepstack(model, processor,
-                                  images: Sequence[Image.Image]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Qwen3-VL: the rows per image and its DeepStack rows per image, `(layers, rows, hidden)`."""
-    rows, deepstack = features_of(model, process_images(processor, images))
-    if deepstack is None:
-        raise ValueError(f"{type(model).__name__} returns no DeepStack features")
-    return rows, deepstack
 
 
 def tower_inputs(model, processed: ProcessedImages) -> dict[str, torch.Tensor]:

@@ -5,8 +5,9 @@ torchvision) lays out each image (`image_tokens`: every id it writes, markers an
 included) and prepares its pixels; the model's own `get_image_features` embeds them
 (`image_features`); the family's route (`routes`) says how the language model takes the prompt.
 No resize, crop or normalisation is written here. The vision tower is the loaded model's: no second
-copy. Mllama (cross-attention) and Qwen3-VL (DeepStack rows beside the features) are refused with a
-message: their images do not fit the per-image feature rows this host caches.
+copy. Qwen3-VL's DeepStack rows travel with each image's features (`feature_rows`), so the embedding
+cache keeps them too. Mllama (cross-attention) is refused with a message: its images do not become
+rows of the prompt.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from PIL import Image
 
 from extensions.multimodal import loaded_model
-from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, feature_rows
 from extensions.multimodal.defaults import with_defaults
 from modules.logging_colors import logger
 
@@ -26,8 +27,7 @@ from .image_tokens import image_placeholder, image_token_id, process_images
 
 # Submodules holding the vision tower and projector, by family (`model.model.<name>`).
 VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
-UNSUPPORTED = {"mllama": "its images enter through cross-attention, not as prompt rows",
-               "qwen3_vl": "its DeepStack rows travel beside the image features"}
+UNSUPPORTED = {"mllama": "its images enter through cross-attention, not as prompt rows"}
 BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
 # Families whose processor lays out a picture differently once the conversation holds several.
 SEVERAL_CHANGE_LAYOUT = ("llava_onevision",)
@@ -122,13 +122,17 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         return self.embed_tokens(torch.full((self.tokens_per_image,), self.image_id, dtype=torch.long))
 
     def embed_images(self, images: List[Image.Image], several: bool = False) -> List[torch.Tensor]:
-        """`(rows, hidden)` per image, from one batched `get_image_features`, on the LM's device and dtype.
+        """`(rows, hidden)` per image, from one batched `get_image_features`, on the LM's device and dtype;
+        Qwen3-VL: `(rows, 1 + DeepStack layers, hidden)` (see `feature_rows`).
 
         `several`: the images belong to a prompt holding more than one (`layout_depends_on_count`).
         """
         if not images:
             raise ValueError("embed_images needs at least one image, got 0")
-        rows, _ = features_of(self.model, process_images(self.processor, with_company(images, several), several))
+        rows, deepstack = features_of(self.model, process_images(self.processor, with_company(images, several),
+                                                                 several))
+        if deepstack is not None:  # (layers, rows, hidden) per image
+            rows = [torch.cat([r[:, None], d.transpose(0, 1)], dim=1) for r, d in zip(rows, deepstack)]
         device, dtype = loaded_model.placement()
         return [r.to(device, dtype) for r in rows[:len(images)]]
 
@@ -157,8 +161,10 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         if self.route == routes.EMBEDS_MROPE:
             kwargs = routes.mrope_kwargs(self.model, input_ids, inputs_embeds, grid)
             return lambda cached_length: kwargs  # covers the full prompt; generate() slices what is cached
-        return lambda cached_length: routes.features_kwargs(self.model, input_ids, features, image_grid_thw=grid,
-                                                            cached_length=cached_length)
+        rows = [feature_rows(f) for f in features]
+        deepstack = [f[:, 1:].transpose(0, 1) for f in features] if features and features[0].dim() == 3 else None
+        return lambda cached_length: routes.features_kwargs(self.model, input_ids, rows, deepstack=deepstack,
+                                                            image_grid_thw=grid, cached_length=cached_length)
 
     def chat_template_placeholder(self) -> Optional[str]:
         return image_placeholder(self.processor)
