@@ -2,9 +2,10 @@
 
 In: the prompt's ids `[1, n]` and, when an extension returned them, its input embeddings
 `[1, n, hidden]`; and the route an extension may leave in `state[GENERATE_KWARGS]` from its
-`tokenizer_modifier`: a function of how many leading tokens the prefix cache already holds that
-gives the keyword arguments the model needs for this prompt (a model that takes more than stitched
-embeddings: Qwen2-VL's 3-D positions, Gemma 3's image features beside its ids). Out: keyword
+`tokenizer_modifier`: a function of how many leading tokens the prefix cache already holds, and of
+that cache (None when reuse is off), that gives the keyword arguments the model needs for this
+prompt (a model that takes more than stitched embeddings: Qwen2-VL's 3-D positions, Gemma 3's image
+features beside its ids; Mllama's route prefills the cache itself with its images' states). Out: keyword
 arguments for `model.generate`: by default `input_ids` or `inputs_embeds` on the model's device
 (embeddings in the model's dtype) and an all-ones attention mask; when the prefix cache is on, the
 KV cache kept from the previous generation cropped to the shared prefix (`modules.prefix_cache`,
@@ -24,8 +25,11 @@ from modules import prefix_cache, shared
 GENERATE_KWARGS = "generate_kwargs"
 
 
+Route = Callable[[int, Optional[DynamicCache]], dict]
+
+
 def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, use_prefix_cache: bool,
-                    route: Optional[Callable[[int], dict]] = None) -> tuple[dict, torch.Tensor | None]:
+                    route: Optional[Route] = None) -> tuple[dict, torch.Tensor | None]:
     """(`generate()` keyword arguments, the prompt's embeddings `(n, hidden)` or None when reuse is off)."""
     weight = shared.model.get_input_embeddings().weight
     input_ids = input_ids.to(weight.device)
@@ -36,20 +40,26 @@ def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
     if use_prefix_cache:
         prompt_embeds = (inputs_embeds if inputs_embeds is not None else prefix_cache.embed_ids(input_ids))[0]
         cache = prefix_cache.reusable_cache(prompt_embeds)
-        reused = cache.get_seq_length() if cache is not None else 0
+        if cache is not None and route is None and prefix_cache.holds_images(cache):
+            cache = None  # its tokens were computed with pictures this prompt does not have
+        reused = prefix_cache.token_count(cache) if cache is not None else 0
         prefix_cache.stats["reused_tokens"] += reused
         prefix_cache.stats["prefilled_tokens"] += length - reused
+        cache = cache if cache is not None else new_cache()
     else:
         prefix_cache.clear()
-    kwargs = on_device(route(reused), weight.device) if route is not None else \
+    kwargs = on_device(route(reused, cache), weight.device) if route is not None else \
         default_inputs(input_ids, inputs_embeds, weight.device)
     if use_prefix_cache:
-        kwargs["past_key_values"] = cache if cache is not None else new_cache()
+        kwargs["past_key_values"] = cache
     return kwargs, prompt_embeds
 
 
 def default_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, device: torch.device) -> dict:
-    kwargs: dict = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+    # The ids go along with embeddings (as text-generation-webui's generate(inputs=ids, inputs_embeds=...)):
+    # logits processors that read the prompt, such as a checkpoint's repetition_penalty, see it.
+    kwargs: dict = {"input_ids": input_ids} if inputs_embeds is None else \
+        {"input_ids": input_ids, "inputs_embeds": inputs_embeds}
     length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
     # Image placeholder ids often equal the pad id; without an explicit mask transformers masks them.
     kwargs["attention_mask"] = torch.ones((1, length), dtype=torch.long, device=device)

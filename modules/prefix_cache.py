@@ -12,6 +12,10 @@ again costs a few dozen tokens; the turn stays token-identical.
 Sliding-window layers (Gemma 3, Cohere2) keep only their window once it is full: such a cache can
 still continue where its prompt ended (the next turn of the same chat), but not be cropped back to an
 earlier token (another chat sharing a shorter prefix); that prompt is prefilled whole.
+Cross-attention layers (Mllama's, listed in the text config's `cross_attention_layers`) hold the
+images' keys and values, not the prompt's tokens: they are never cropped or counted here; the
+route that fills them decides whether the cache still fits this prompt's images, and a prompt
+without such a route reuses no cache that holds images.
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
     global _last
     if _last is None or _last.model is not shared.model:
         return None
-    cached_len = _last.cache.get_seq_length()
+    cached_len = token_count(_last.cache)
     usable = min(common_prefix_length(prompt_embeds, _last.embeds[:cached_len]), prompt_embeds.shape[0] - 1)
     if usable <= 0:
         _last = None
@@ -69,8 +73,33 @@ def reusable_cache(prompt_embeds: torch.Tensor) -> DynamicCache | None:
     _last = None  # generate() extends the cache in place: it is only valid again once remembered
     if usable < shortest_crop(cache):
         return None
-    cache.crop(usable - cached_len)
+    crop(cache, usable - cached_len)
     return cache
+
+
+def token_layers(cache: DynamicCache) -> list:
+    """The layers that hold the prompt's tokens: all but the model's cross-attention layers."""
+    cross = set(getattr(shared.model.config.get_text_config(), "cross_attention_layers", None) or ())
+    return [layer for index, layer in enumerate(cache.layers) if index not in cross]
+
+
+def token_count(cache: DynamicCache) -> int:
+    """How many of the prompt's tokens `cache` holds."""
+    return max((layer.get_seq_length() for layer in token_layers(cache)), default=0)
+
+
+def crop(cache: DynamicCache, tokens_to_remove: int) -> None:
+    """`cache.crop(tokens_to_remove)` (a negative count) on the layers that hold the prompt's tokens."""
+    for layer in token_layers(cache):
+        layer.crop(tokens_to_remove)
+
+
+def holds_images(cache: DynamicCache) -> bool:
+    """Whether `cache`'s cross-attention layers hold pictures' states: then every token it holds was
+    computed with those pictures (Mllama's tokens before the first picture attend to all of them), and
+    only a route that knows this prompt's pictures can tell whether it may be reused."""
+    kept = {id(layer) for layer in token_layers(cache)}
+    return any(id(layer) not in kept and layer.get_seq_length() > 0 for layer in cache.layers)
 
 
 def shortest_crop(cache: DynamicCache) -> int:
@@ -78,7 +107,7 @@ def shortest_crop(cache: DynamicCache) -> int:
     holds a full window (its `crop` keeps only the window's last states), else 0."""
     full_window = any(getattr(layer, "is_sliding", False) and layer.get_seq_length() >= layer.sliding_window
                       for layer in cache.layers)
-    return cache.get_seq_length() if full_window else 0
+    return token_count(cache) if full_window else 0
 
 
 def remember(prompt_embeds: torch.Tensor, cache) -> None:
@@ -88,7 +117,7 @@ def remember(prompt_embeds: torch.Tensor, cache) -> None:
         _last = None
         logger.debug("Prefix reuse off: this model's KV cache cannot be cropped")
         return
-    extra = cache.get_seq_length() - prompt_embeds.shape[0]  # the reply's rows
+    extra = token_count(cache) - prompt_embeds.shape[0]  # the reply's rows
     if extra > 0:
-        cache.crop(-extra)  # crop() takes what to remove, as a negative count
+        crop(cache, -extra)
     _last = CachedPrefix(shared.model, prompt_embeds, cache)

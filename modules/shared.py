@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--api-port", type=int, default=5000, help="The API port (default: 5000).")
     group.add_argument("--api-key", type=str, default="", help="Require 'Authorization: Bearer KEY' on API requests.")
     group.add_argument("--api-allow-private-urls", action="store_true",
-                       help="Let the API fetch image URLs on loopback, private and link-local addresses.")
+                       help="Let the API and extensions (modules.web_search.safe_get) fetch URLs on loopback, private and link-local addresses.")
     return parser
 
 

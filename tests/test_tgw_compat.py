@@ -170,11 +170,13 @@ print("ok")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
-def test_a_media_url_is_never_fetched_without_a_private_address_guard(host, llama_dir):
-    """`<__media__>` pictures given as http(s) URLs go through the host's guarded fetcher only; this
-    host has none for them (its API fetches image_url parts itself, guarded), so the URL is refused."""
+def test_a_media_url_is_never_fetched_without_a_private_address_guard(host, llama_dir, monkeypatch):
+    """`<__media__>` pictures given as http(s) URLs go through the host's guarded fetcher only
+    (`modules.web_search.safe_get`); in a host without one (old text-generation-webui) the URL is
+    refused. This host's fetcher itself: tests/test_one_fetcher.py."""
     from extensions.multimodal.image_codec import ImageDecodeError
     from extensions.multimodal.native_media import picture_data
 
+    monkeypatch.setitem(sys.modules, "modules.web_search", None)  # the import fails, as in such a host
     with pytest.raises(ImageDecodeError, match="refuses private addresses"):
         picture_data("http://127.0.0.1:9/picture.png", "the picture")

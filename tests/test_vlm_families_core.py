@@ -146,7 +146,7 @@ class Conversation:
         cache, cached_length = self.reusable(embeds[0])
         route = self.route or fam.route
         if route == routes.EMBEDS:
-            kwargs = routes.embeds_kwargs(embeds)
+            kwargs = routes.embeds_kwargs(ids, embeds)
         elif route == routes.EMBEDS_MROPE:
             kwargs = routes.mrope_kwargs(fam.model, ids, embeds, grids)
         else:

@@ -28,7 +28,7 @@ from extensions.multimodal.pipelines.hf_auto.image_tokens import image_token_id
 from modules import chat, shared
 from tests import api_helpers, host_helpers, vlm_families
 
-FAMILIES = [name for name in vlm_families.FAMILIES if name != "mllama"]
+FAMILIES = list(vlm_families.FAMILIES)
 NEW_TOKENS = 8
 
 

@@ -106,16 +106,17 @@ class AbstractMultimodalPipeline(ABC):
                                       dtype=torch.int64))
 
     def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
-                        features: List[torch.Tensor]) -> Optional[Callable[[int], dict]]:
+                        features: List[torch.Tensor]) -> Optional[Callable[[int, object], dict]]:
         """How the model takes this prompt, when stitched `inputs_embeds` alone are not enough; None when they are.
 
         In: the prompt's ids `(1, n)` (the real placeholder ids), its stitched embeddings `(1, n, hidden)`,
         and per embedded image, in order, its layout and features (as `embed_images` gave them: see
         `feature_rows`). Out: a function
-        of how many leading tokens a prefix KV cache already holds, giving `generate()` keyword arguments
-        (the cache itself is added by the host): e.g. 3-D rotary `position_ids` (Qwen2-VL), or `input_ids`
-        with the precomputed features and `token_type_ids` (Gemma 3). Hosts without this hook
-        (text-generation-webui) use the embeddings.
+        of how many leading tokens a prefix KV cache already holds and of that cache (None without one),
+        giving `generate()` keyword arguments (the host adds the cache to them): e.g. 3-D rotary
+        `position_ids` (Qwen2-VL), `input_ids` with the precomputed features and `token_type_ids`
+        (Gemma 3), or a cache the function prefilled itself (Mllama's cross-attention). Hosts without
+        this hook (text-generation-webui) use the embeddings.
         """
         return None
 

@@ -1,10 +1,12 @@
 """Image URLs -> bytes: data URLs, and http(s) URLs fetched with server-side request forgery guards.
 
-Remote fetches resolve the host name here, refuse the request unless `config.address_allowed`
-accepts every resolved address, then connect to the checked address itself (so a second DNS
-answer cannot swap in 127.0.0.1). Redirects are followed by hand, each hop checked the same way.
-The whole fetch has one deadline and the body one byte cap. `trust_env=False` keeps proxy
-variables from routing around the address check. This module does not decode images.
+`fetch_guarded` is the host's one fetcher of remote URLs: the API awaits it here for `image_url`
+parts, and `modules.web_search.safe_get` runs it synchronously for extensions. It resolves the host
+name, refuses the request unless `config.address_allowed` accepts every resolved address, then
+connects to the checked address itself (so a second DNS answer cannot swap in 127.0.0.1). Redirects
+are followed by hand, each hop checked the same way. The whole fetch has one deadline and the body
+one byte cap. `trust_env=False` keeps proxy variables from routing around the address check.
+This module does not decode images.
 """
 from __future__ import annotations
 
@@ -34,11 +36,36 @@ async def fetch_image_bytes(url: str, config: APIConfig) -> bytes:
     if scheme not in ("http", "https"):
         raise APIError(400, f"Unsupported image URL scheme {scheme or '(none)'!r} in {shorten(url)}: "
                             f"send a data URL (data:image/png;base64,...) or an http(s) URL")
+    fetched = await fetch_guarded(url, config, {"Accept": "image/*"})
+    fetched.raise_for_status()
+    return fetched.content
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The answer at the end of the redirects; what callers of a `requests.Response` use of one."""
+    url: str  # the last hop's URL
+    status_code: int
+    content: bytes  # the body, at most `config.max_image_bytes`
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def raise_for_status(self) -> None:
+        if not 200 <= self.status_code < 300:
+            raise APIError(400, f"Fetching {shorten(self.url)} answered HTTP {self.status_code}")
+
+
+async def fetch_guarded(url: str, config: APIConfig, headers: dict[str, str] | None = None) -> Fetched:
+    """GET an http(s) URL under the guards above, sending `headers` to every hop. Any final status
+    comes back (the caller decides); a refused address or scheme, a network error, too many
+    redirects, the deadline or the byte cap raise APIError (400, 413)."""
     try:
         with anyio.fail_after(config.fetch_timeout_s):
-            return await fetch_remote(url, config)
+            return await fetch_remote(url, config, httpx.Headers(headers))
     except TimeoutError:
-        raise APIError(400, f"Fetching the image {shorten(url)} took longer than {config.fetch_timeout_s:g} s") from None
+        raise APIError(400, f"Fetching {shorten(url)} took longer than {config.fetch_timeout_s:g} s") from None
 
 
 def decode_data_url(url: str, max_bytes: int) -> bytes:
@@ -74,39 +101,38 @@ class Target:
     host_header: str
 
 
-async def fetch_remote(url: str, config: APIConfig) -> bytes:
+async def fetch_remote(url: str, config: APIConfig, headers: httpx.Headers) -> Fetched:
     async with httpx.AsyncClient(follow_redirects=False, trust_env=False,
                                  timeout=httpx.Timeout(config.fetch_timeout_s)) as client:
         for _ in range(config.max_redirects + 1):
             target = await checked_target(url, config)
-            request = client.build_request("GET", target.url, headers={"Host": target.host_header, "Accept": "image/*"},
+            headers["Host"] = target.host_header  # replaces a caller's Host, whatever its case
+            request = client.build_request("GET", target.url, headers=headers,
                                            extensions={"sni_hostname": target.host})
             try:
                 response = await client.send(request, stream=True)
             except httpx.HTTPError as error:
-                raise APIError(400, f"Cannot fetch the image {shorten(url)}: {type(error).__name__}: {error}") from None
+                raise APIError(400, f"Cannot fetch {shorten(url)}: {type(error).__name__}: {error}") from None
             try:
                 if response.is_redirect:
                     url = str(httpx.URL(url).join(response.headers["location"]))
                     continue
-                if response.status_code != 200:
-                    raise APIError(400, f"Fetching the image {shorten(url)} answered HTTP {response.status_code}")
-                return await read_capped(response, config.max_image_bytes, url)
+                return Fetched(url, response.status_code, await read_capped(response, config.max_image_bytes, url))
             finally:
                 await response.aclose()
-    raise APIError(400, f"The image URL redirected more than {config.max_redirects} times")
+    raise APIError(400, f"The URL redirected more than {config.max_redirects} times")
 
 
 async def checked_target(url: str, config: APIConfig) -> Target:
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as error:
-        raise APIError(400, f"Invalid image URL {shorten(url)}: {error}") from None
+        raise APIError(400, f"Invalid URL {shorten(url)}: {error}") from None
     if parsed.scheme not in ("http", "https"):
-        raise APIError(400, f"The image URL led to the unsupported scheme {parsed.scheme!r} ({shorten(url)}); "
-                            f"only http and https are fetched")
+        raise APIError(400, f"Refused {shorten(url)}: the unsupported scheme {parsed.scheme!r} "
+                            f"(only http and https are fetched)")
     if not parsed.host:
-        raise APIError(400, f"The image URL {shorten(url)} names no host")
+        raise APIError(400, f"The URL {shorten(url)} names no host")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     addresses = await resolve(parsed.host, port)
     refused = [ip for ip in addresses if not config.address_allowed(ip, port)]
@@ -126,7 +152,7 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     try:
         infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
-        raise APIError(400, f"Cannot resolve the image URL host {host!r}: {error}") from None
+        raise APIError(400, f"Cannot resolve the host {host!r}: {error}") from None
     # ip_address() refuses the scope suffix of a link-local IPv6 answer ("fe80::1%eth0").
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos))
 
@@ -134,12 +160,12 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
 async def read_capped(response: httpx.Response, max_bytes: int, url: str) -> bytes:
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large(f"The image at {shorten(url)} ({declared} bytes)", max_bytes)
+        raise too_large(f"The body of {shorten(url)} ({declared} bytes)", max_bytes)
     chunks, size = [], 0
     async for chunk in response.aiter_bytes():
         size += len(chunk)
         if size > max_bytes:
-            raise too_large(f"The image at {shorten(url)} (more than {max_bytes} bytes)", max_bytes)
+            raise too_large(f"The body of {shorten(url)} (more than {max_bytes} bytes)", max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 

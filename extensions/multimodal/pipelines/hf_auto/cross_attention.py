@@ -11,12 +11,20 @@ token with one forward pass given the states, and `generate` continues from that
 cross-attention layers then read their keys and values from the cache only.
 
 Prefix cache: `DynamicCache.crop` would cut the cross-attention layers' vision keys as if they were
-tokens, so `reuse_cache` crops the self-attention layers only. The cross-attention layers keep their
-keys while the prompt's images are the same ones, in the same order; otherwise they are emptied and
-refilled with every image's states (a token's cross-attention only sees images before it, so the
-cached self-attention states of the shared prefix stay valid when an image is added later).
+tokens, so `reuse_cache` crops the self-attention layers only. A cache is reused only while the
+prompt's images are the same ones, in the same order: the tokens before the first image attend to
+every image (their cross-attention mask row is empty, which Mllama turns into uniform attention over
+all the states, only the MLP part being masked), so adding or changing an image changes every
+token's states. Otherwise the cache is emptied and the whole prompt prefilled with the new states.
+
+In the host, an image's features (`image_features`) are `(1, 1 + states, hidden)`: the row for its
+`<|image|>` token, then the states. The model takes ids, so that row only keys the host's prefix
+cache, which compares the prompt's embeddings: it is the mean of the image's states, so two pictures
+never share a cached prefix past their `<|image|>` token.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 from transformers import DynamicCache
@@ -34,6 +42,36 @@ def cross_attention_states(model, processed: ProcessedImages) -> list[torch.Tens
                                     aspect_ratio_mask=inputs["aspect_ratio_mask"]).last_hidden_state
         states = inner.multi_modal_projector(vision)  # (1, images, tiles, patches, hidden)
     return list(states.reshape(len(processed.tokens), -1, states.shape[-1]))
+
+
+def image_features(model, processed: ProcessedImages) -> list[torch.Tensor]:
+    """`(1, 1 + states, hidden)` per image: the row that keys the prefix cache, then its states."""
+    return [torch.cat([states.mean(0, keepdim=True), states])[None]
+            for states in cross_attention_states(model, processed)]
+
+
+# Per cache, the features whose states its cross-attention layers hold (filled by `route_kwargs`).
+_held: "weakref.WeakKeyDictionary[DynamicCache, list[torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def route_kwargs(model, input_ids: torch.Tensor, features: list[torch.Tensor], tiles: list[int],
+                 cached_length: int, cache: DynamicCache | None) -> dict:
+    """`cross_attention_kwargs` for the host's route: `features` as `image_features` gives them, `cache`
+    the host's prefix cache holding `cached_length` of this prompt's tokens (None: no reuse)."""
+    if not features:  # truncation left no picture: a text prompt, which Hugging Face runs without cross-attention
+        kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+        if cache is not None:
+            reuse_cache(model, cache, 0 if _held.pop(cache, None) else cached_length, keep_vision=False)
+            kwargs["past_key_values"] = cache
+        return kwargs
+    held = _held.get(cache) if cache is not None else None
+    same_images = held is not None and len(held) == len(features) and all(
+        a is b or torch.equal(a, b) for a, b in zip(held, features))
+    states = [f[0, 1:] for f in features]
+    kwargs = cross_attention_kwargs(model, input_ids, states, tiles, model.config.vision_config.max_num_tiles,
+                                    cache, cached_length, same_images)
+    _held[kwargs["past_key_values"]] = list(features)
+    return kwargs
 
 
 def tiles_per_image(processed: ProcessedImages) -> list[int]:
@@ -64,8 +102,8 @@ def cross_attention_kwargs(model, input_ids: torch.Tensor, states: list[torch.Te
     attention_mask = torch.ones_like(input_ids)
     if cache is None:
         cache, cached_length, same_images = DynamicCache(config=model.config), 0, False
-    if not same_images:  # the new states go in with a forward pass: keep at least one token to run it on
-        cached_length = min(cached_length, input_ids.shape[1] - 2)
+    if not same_images:  # every token attended to the old images (see the module docstring)
+        cached_length = 0
     reuse_cache(model, cache, cached_length, keep_vision=same_images)
     fresh_states = torch.cat(states)[None] if states and not same_images else None
     with torch.inference_mode():

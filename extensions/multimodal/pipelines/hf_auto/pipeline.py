@@ -6,8 +6,8 @@ included) and prepares its pixels; the model's own `get_image_features` embeds t
 (`image_features`); the family's route (`routes`) says how the language model takes the prompt.
 No resize, crop or normalisation is written here. The vision tower is the loaded model's: no second
 copy. Qwen3-VL's DeepStack rows travel with each image's features (`feature_rows`), so the embedding
-cache keeps them too. Mllama (cross-attention) is refused with a message: its images do not become
-rows of the prompt.
+cache keeps them too. Mllama's images are no rows of the prompt: its features are the states its
+cross-attention layers read, after one row for the `<|image|>` token (see `cross_attention.py`).
 """
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, 
 from extensions.multimodal.defaults import with_defaults
 from modules.logging_colors import logger
 
-from . import routes
+from . import cross_attention, routes
 from .image_features import features_of
 from .image_tokens import image_placeholder, image_token_id, process_images
 
 # Submodules holding the vision tower and projector, by family (`model.model.<name>`).
 VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
-UNSUPPORTED = {"mllama": "its images enter through cross-attention, not as prompt rows"}
 BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
 # Families whose processor lays out a picture differently once the conversation holds several.
 SEVERAL_CHANGE_LAYOUT = ("llava_onevision",)
@@ -37,7 +36,9 @@ MIN_TRANSFORMERS = (5, 23)
 
 def supports(model) -> bool:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return hasattr(model, "get_image_features") and model_type in routes.ROUTES and model_type not in UNSUPPORTED
+    if model_type not in routes.ROUTES:
+        return False
+    return routes.ROUTES[model_type] == routes.CROSS_ATTENTION or hasattr(model, "get_image_features")
 
 
 def check_transformers(name: str) -> None:
@@ -65,9 +66,8 @@ class TransformersPipeline(AbstractMultimodalPipeline):
             raise ValueError(f"The '{name}' pipeline serves {', '.join(model_types)} models; the loaded model is "
                              f"{type(model).__name__} ({model_type}). Use the 'transformers' pipeline.")
         if not supports(model):
-            why = UNSUPPORTED.get(model_type, "it is not an image-text model this pipeline knows "
-                                              f"(known: {', '.join(sorted(set(routes.ROUTES) - set(UNSUPPORTED)))})")
-            raise ValueError(f"The '{name}' pipeline cannot serve {type(model).__name__} ({model_type}): {why}.")
+            raise ValueError(f"The '{name}' pipeline cannot serve {type(model).__name__} ({model_type}): it is not "
+                             f"an image-text model this pipeline knows (known: {', '.join(sorted(routes.ROUTES))}).")
         check_transformers(name)
         self._name, self.model, self.processor = name, model, loaded_model.processor()
         self.route = routes.route_for(model)
@@ -129,10 +129,13 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         """
         if not images:
             raise ValueError("embed_images needs at least one image, got 0")
-        rows, deepstack = features_of(self.model, process_images(self.processor, with_company(images, several),
-                                                                 several))
-        if deepstack is not None:  # (layers, rows, hidden) per image
-            rows = [torch.cat([r[:, None], d.transpose(0, 1)], dim=1) for r, d in zip(rows, deepstack)]
+        processed = process_images(self.processor, with_company(images, several), several)
+        if self.route == routes.CROSS_ATTENTION:
+            rows = cross_attention.image_features(self.model, processed)
+        else:
+            rows, deepstack = features_of(self.model, processed)
+            if deepstack is not None:  # (layers, rows, hidden) per image
+                rows = [torch.cat([r[:, None], d.transpose(0, 1)], dim=1) for r, d in zip(rows, deepstack)]
         device, dtype = loaded_model.placement()
         return [r.to(device, dtype) for r in rows[:len(images)]]
 
@@ -141,6 +144,8 @@ class TransformersPipeline(AbstractMultimodalPipeline):
     def image_layout(self, image: Image.Image, several: bool = False) -> ImageLayout:
         processed = process_images(self.processor, with_company([image], several), several)
         grid = processed.inputs.get("image_grid_thw")
+        if self.route == routes.CROSS_ATTENTION:
+            return ImageLayout(processed.tokens[0].ids, {"tiles": cross_attention.tiles_per_image(processed)[0]})
         return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid[:1]} if grid is not None else {})
 
     def layout_depends_on_count(self) -> bool:
@@ -150,21 +155,25 @@ class TransformersPipeline(AbstractMultimodalPipeline):
 
     def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
                         features: List[torch.Tensor]) -> Optional[Callable[[int], dict]]:
-        if self.route == routes.EMBEDS:
-            return None
+        if self.route == routes.EMBEDS:  # with the real image ids (the host's may stand in for a pad id)
+            return lambda cached_length, cache: routes.embeds_kwargs(input_ids, inputs_embeds)
         if any(f is None for f in features):
             raise ValueError(f"{type(self.model).__name__} needs every image of the prompt embedded (its positions "
                              f"or its image features cover them all): set multimodal-add_all_images_to_prompt "
                              f"to true, or leave it unset.")
+        if self.route == routes.CROSS_ATTENTION:
+            tiles = [layout.info["tiles"] for layout in layouts]
+            return lambda cached_length, cache: cross_attention.route_kwargs(self.model, input_ids, features, tiles,
+                                                                             cached_length, cache)
         grids = [layout.info["image_grid_thw"] for layout in layouts if "image_grid_thw" in layout.info]
         grid = torch.cat(grids) if grids else None
         if self.route == routes.EMBEDS_MROPE:
             kwargs = routes.mrope_kwargs(self.model, input_ids, inputs_embeds, grid)
-            return lambda cached_length: kwargs  # covers the full prompt; generate() slices what is cached
+            return lambda cached_length, cache: kwargs  # covers the full prompt; generate() slices what is cached
         rows = [feature_rows(f) for f in features]
         deepstack = [f[:, 1:].transpose(0, 1) for f in features] if features and features[0].dim() == 3 else None
-        return lambda cached_length: routes.features_kwargs(self.model, input_ids, rows, deepstack=deepstack,
-                                                            image_grid_thw=grid, cached_length=cached_length)
+        return lambda cached_length, cache: routes.features_kwargs(self.model, input_ids, rows, deepstack=deepstack,
+                                                                   image_grid_thw=grid, cached_length=cached_length)
 
     def chat_template_placeholder(self) -> Optional[str]:
         return image_placeholder(self.processor)

@@ -88,10 +88,12 @@ def stitch(model, input_ids: torch.Tensor, features: list[torch.Tensor]) -> torc
     return embeds
 
 
-def embeds_kwargs(inputs_embeds: torch.Tensor) -> dict:
-    """Route "embeds": `inputs_embeds` `(1, n, hidden)` and an all-ones mask (ids may equal the pad id)."""
+def embeds_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> dict:
+    """Route "embeds": `inputs_embeds` `(1, n, hidden)`, an all-ones mask (ids may equal the pad id), and
+    the ids: logits processors that read the prompt (a checkpoint's `repetition_penalty`, Qwen's 1.05)
+    then see it, as in `generate(**processor(...))`; given embeddings alone they would see none of it."""
     mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
-    return {"inputs_embeds": inputs_embeds, "attention_mask": mask}
+    return {"input_ids": input_ids, "inputs_embeds": inputs_embeds, "attention_mask": mask}
 
 
 def mrope_position_ids(model, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> torch.Tensor:
@@ -115,7 +117,7 @@ def mrope_position_ids(model, input_ids: torch.Tensor, image_grid_thw: torch.Ten
 def mrope_kwargs(model, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,
                  image_grid_thw: torch.Tensor | None) -> dict:
     """Route "embeds+mrope": `embeds_kwargs` plus `position_ids` `(4, 1, n)`."""
-    return {**embeds_kwargs(inputs_embeds), "position_ids": mrope_position_ids(model, input_ids, image_grid_thw)}
+    return {**embeds_kwargs(input_ids, inputs_embeds), "position_ids": mrope_position_ids(model, input_ids, image_grid_thw)}
 
 
 def features_kwargs(model, input_ids: torch.Tensor, features: list[torch.Tensor], *,
