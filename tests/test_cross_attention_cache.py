@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tests import api_helpers, vlm_families
 from tests.test_prefix_cache_sliding import ask, user
-from tests.test_vlm_families_host import check, hf_reply, png
+from tests.test_vlm_families_host import api_turn, check, hf_reply, png
 
 
 def test_chats_sharing_prefixes_with_and_without_pictures(tmp_path):
@@ -23,12 +23,4 @@ def test_chats_sharing_prefixes_with_and_without_pictures(tmp_path):
         assert ask(api, [user("What is this?", [])]) == hf_reply([("What is this?", [], None)])
         messages, turns = [], []
         for text, pictures in [("Describe it.", [second]), ("And the colours?", []), ("And this one?", [third])]:
-            messages.append(user(text, pictures))
-            turns.append((text, pictures, None))
-            reply = ask(api, messages)
-            if pictures:
-                check(turns, reply)
-            else:
-                assert reply == hf_reply(turns)
-            messages.append({"role": "assistant", "content": reply})
-            turns[-1] = (text, pictures, reply)
+            api_turn(api, messages, turns, text, pictures)

@@ -136,18 +136,25 @@ def three_turns_through_the_api(folder) -> None:
     with api_helpers.serving(folder, ["multimodal"]) as api:
         messages, turns = [], []
         for text, size in TURNS:
-            pictures = [png(*size)] if size else []
-            content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(p)}} for p in pictures]
-            messages.append({"role": "user", "content": content + [{"type": "text", "text": text}]})
-            reply = api.client().chat.completions.create(model="any", messages=messages, max_tokens=NEW_TOKENS,
-                                                         temperature=0).choices[0].message.content
-            turns.append((text, pictures, None))
-            if pictures:
-                check(turns, reply)
-            else:
-                assert reply == hf_reply(turns), (folder, text)
-            messages.append({"role": "assistant", "content": reply})
-            turns[-1] = (text, pictures, reply)
+            api_turn(api, messages, turns, text, [png(*size)] if size else [])
+
+
+def api_turn(api, messages: list, turns: list, text: str, pictures: list[bytes]) -> str:
+    """One more user turn of a chat through `/v1/chat/completions`; its reply, checked against Hugging
+    Face's (turns with pictures also show another picture changes it). `messages` (the API's) and
+    `turns` (`hf_reply`'s) are the chat so far; both get the turn and its reply."""
+    content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(p)}} for p in pictures]
+    messages.append({"role": "user", "content": content + [{"type": "text", "text": text}]})
+    turns.append((text, pictures, None))
+    reply = api.client().chat.completions.create(model="any", messages=messages, max_tokens=NEW_TOKENS,
+                                                 temperature=0).choices[0].message.content
+    if pictures:
+        check(turns, reply)
+    else:
+        assert reply == hf_reply(turns), text
+    messages.append({"role": "assistant", "content": reply})
+    turns[-1] = (text, pictures, reply)
+    return reply
 
 
 @pytest.mark.parametrize("loaded", ["qwen2_5_vl", "gemma3", "llava_onevision"], indirect=True)

@@ -120,6 +120,10 @@ class AbstractMultimodalPipeline(ABC):
         """
         return None
 
+    def prompt_text(self, prompt: str) -> str:
+        """The prompt (image tags included) as the model's processor rewrites its text before tokenizing."""
+        return prompt
+
     def chat_template_placeholder(self) -> Optional[str]:
         """The text the model's chat template writes for an image part (e.g. `<|image_pad|>`), or None.
 

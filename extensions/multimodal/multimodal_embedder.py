@@ -78,6 +78,8 @@ class MultimodalEmbedder:
 
     def _split_prompt(self, prompt: str, load_images: bool = False) -> List[PromptPart]:
         """Alternating text/image parts with markers; `load_images` also decodes every image."""
+        rewrite = getattr(self.pipeline, "prompt_text", None)  # absent in pipelines of the original
+        prompt = rewrite(prompt) if rewrite is not None else prompt
         parts = split_prompt(prompt, self.pipeline.image_start(), self.pipeline.image_end())
         if load_images:
             for part in parts:

@@ -11,6 +11,7 @@ cross-attention layers read, after one row for the `<|image|>` token (see `cross
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, List, Optional
 
 import torch
@@ -19,6 +20,7 @@ from PIL import Image
 from extensions.multimodal import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, feature_rows
 from extensions.multimodal.defaults import with_defaults
+from extensions.multimodal.image_codec import IMAGE_TAG_RE
 from modules.logging_colors import logger
 
 from . import cross_attention, routes
@@ -28,6 +30,7 @@ from .image_tokens import image_placeholder, image_token_id, process_images
 # Submodules holding the vision tower and projector, by family (`model.model.<name>`).
 VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
 BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
+LEADING_IMAGES = re.compile(f"(?:{IMAGE_TAG_RE.pattern})*")
 # Families whose processor lays out a picture differently once the conversation holds several.
 SEVERAL_CHANGE_LAYOUT = ("llava_onevision",)
 # The processor's replacement offsets and `generate(mm_encoder_outputs=...)` this pipeline builds on.
@@ -174,6 +177,15 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         deepstack = [f[:, 1:].transpose(0, 1) for f in features] if features and features[0].dim() == 3 else None
         return lambda cached_length, cache: routes.features_kwargs(self.model, input_ids, rows, deepstack=deepstack,
                                                                    image_grid_thw=grid, cached_length=cached_length)
+
+    def prompt_text(self, prompt: str) -> str:
+        """Mllama's processor writes a BOS, after any leading images, into a text that holds none (its
+        `build_string_from_input`); the other families' processors keep the text as it is."""
+        bos = getattr(self.processor.tokenizer, "bos_token", None)
+        if self.route != routes.CROSS_ATTENTION or not bos or bos in prompt:
+            return prompt
+        start = LEADING_IMAGES.match(prompt).end()
+        return prompt[:start] + bos + prompt[start:]
 
     def chat_template_placeholder(self) -> Optional[str]:
         return image_placeholder(self.processor)
