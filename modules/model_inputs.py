@@ -4,13 +4,13 @@ In: the prompt's ids `[1, n]` and, when an extension returned them, its input em
 `[1, n, hidden]`; and the route an extension may leave in `state[GENERATE_KWARGS]` from its
 `tokenizer_modifier`: a function of how many leading tokens the prefix cache already holds, and of
 that cache (None when reuse is off), that gives the keyword arguments the model needs for this
-prompt (a model that takes more than stitched embeddings: Qwen2-VL's 3-D positions, Gemma 3's image
-features beside its ids; Mllama's route prefills the cache itself with its images' states). Out: keyword
-arguments for `model.generate`: by default `input_ids` or `inputs_embeds` on the model's device
-(embeddings in the model's dtype) and an all-ones attention mask; when the prefix cache is on, the
-KV cache kept from the previous generation cropped to the shared prefix (`modules.prefix_cache`,
-which compares the embeddings: they hold the images' features, so two pictures never match); plus
-the prompt's embeddings `(n, hidden)` to remember afterwards.
+prompt (a model that takes more than stitched embeddings: Qwen2-VL's 3-D positions, Gemma 3's
+image features beside its ids; Mllama's route prefills the cache itself with its images' states).
+Out: keyword arguments for `model.generate`: by default `input_ids`, with `inputs_embeds` when
+given, on the model's device (embeddings in the model's dtype) and an all-ones attention mask;
+when the prefix cache is on, the KV cache kept from the previous generation cropped to the shared
+prefix (`modules.prefix_cache`, which compares the embeddings: they hold the images' features, so
+two pictures never match); plus the prompt's embeddings `(n, hidden)` to remember afterwards.
 Every generation goes through `generate_inputs`. This module does not tokenize or sample.
 """
 from __future__ import annotations

@@ -157,7 +157,7 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         return self.model.config.model_type in SEVERAL_CHANGE_LAYOUT
 
     def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
-                        features: List[torch.Tensor]) -> Optional[Callable[[int], dict]]:
+                        features: List[torch.Tensor]) -> Callable[[int, object], dict]:
         if self.route == routes.EMBEDS:  # with the real image ids (the host's may stand in for a pad id)
             return lambda cached_length, cache: routes.embeds_kwargs(input_ids, inputs_embeds)
         if any(f is None for f in features):
