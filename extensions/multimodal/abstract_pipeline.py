@@ -26,8 +26,9 @@ def feature_rows(features: torch.Tensor) -> torch.Tensor:
     """The `(rows, hidden)` an image's features put at its placeholder positions.
 
     `embed_images` gives per image `(rows, hidden)`, or `(rows, 1 + k, hidden)` for a model that also
-    adds k rows per image position inside its language model (Qwen3-VL's DeepStack: one per early
-    layer); then `[:, 0]` are the rows and the rest reach the model through `generate_kwargs`.
+    reads k more rows per image position inside its language model (Qwen3-VL's DeepStack: one per
+    early layer; Mllama: the states its cross-attention reads, at its one `<|image|>` position); then
+    `[:, 0]` are the rows and the rest reach the model through `generate_kwargs`.
     """
     return features[:, 0] if features.dim() == 3 else features
 
@@ -111,12 +112,11 @@ class AbstractMultimodalPipeline(ABC):
 
         In: the prompt's ids `(1, n)` (the real placeholder ids), its stitched embeddings `(1, n, hidden)`,
         and per embedded image, in order, its layout and features (as `embed_images` gave them: see
-        `feature_rows`). Out: a function
-        of how many leading tokens a prefix KV cache already holds and of that cache (None without one),
-        giving `generate()` keyword arguments (the host adds the cache to them): e.g. 3-D rotary
-        `position_ids` (Qwen2-VL), `input_ids` with the precomputed features and `token_type_ids`
-        (Gemma 3), or a cache the function prefilled itself (Mllama's cross-attention). Hosts without
-        this hook (text-generation-webui) use the embeddings.
+        `feature_rows`). Out: a function of how many leading tokens a prefix KV cache already holds and
+        of that cache (None without one), giving `generate()` keyword arguments (the host adds the
+        cache to them): e.g. 3-D rotary `position_ids` (Qwen2-VL), `input_ids` with the precomputed
+        features and `token_type_ids` (Gemma 3), or a cache the function prefilled itself (Mllama's
+        cross-attention). Hosts without this hook (text-generation-webui) use the embeddings.
         """
         return None
 
