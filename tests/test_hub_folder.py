@@ -13,20 +13,16 @@ load float32); `--cpu` loads float32.
 from __future__ import annotations
 
 import functools
-import io
 import json
 
 import pytest
 import torch
 import transformers
-from PIL import Image
 
-from extensions.multimodal import loaded_model
-from extensions.multimodal.pipelines.hf_auto.image_tokens import image_token_id
 from modules import shared
 from tests import api_helpers, vlm_families
 from tests.test_prefix_cache_sliding import ask, user
-from tests.test_vlm_families_host import NEW_TOKENS, png
+from tests.test_vlm_families_host import hf_reply, png
 
 QWEN_GENERATION = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.1, "top_k": 1, "top_p": 0.001}
 
@@ -53,26 +49,6 @@ def hub_folder(tmp_path_factory):
     return functools.cache(make)
 
 
-def reference_reply(model, turns: list[tuple[str, list[bytes], str | None]]) -> str:
-    """Greedy `generate(**processor(...))` on `model`, which Hugging Face loaded on its own, with the
-    image token suppressed as `tests/test_vlm_families_host.hf_reply` does."""
-    processor = loaded_model.processor()
-    messages, images = [], []
-    for text, pictures, reply in turns:
-        messages.append({"role": "user", "content": [{"type": "image"}] * len(pictures) + [{"type": "text", "text": text}]})
-        images += [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
-        if reply is not None:
-            messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
-    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    bos = processor.tokenizer.bos_token  # no second BOS where the template writes one, as apply_chat_template
-    inputs = processor(text=prompt, images=[images], return_tensors="pt",
-                       add_special_tokens=not (bos is not None and prompt.startswith(bos)))
-    with torch.inference_mode():
-        output = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                suppress_tokens=[image_token_id(model)])  # as the host's placeholder ban does
-    return processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).lstrip(" ")
-
-
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_onevision", "gemma3"])
 def test_a_hub_folder_through_the_api_equals_hugging_face_as_it_loads_it(hub_folder, family):
     reference = transformers.AutoModelForImageTextToText.from_pretrained(hub_folder(family))
@@ -85,11 +61,12 @@ def test_a_hub_folder_through_the_api_equals_hugging_face_as_it_loads_it(hub_fol
             messages.append(user(text, pictures))
             turns.append((text, pictures, None))
             reply = ask(api, messages)
-            assert reply == reference_reply(reference, turns), text
+            assert reply == hf_reply(turns, reference), text
             messages.append({"role": "assistant", "content": reply})
             turns[-1] = (text, pictures, reply)
-        first = reference_reply(reference, [("what shape is this", [picture], None)])
-        others = [reference_reply(reference, [("what shape is this", [png(64, 48, seed)], None)]) for seed in (2, 3, 4)]
+        first = hf_reply([("what shape is this", [picture], None)], reference)
+        others = [hf_reply([("what shape is this", [png(64, 48, seed)], None)], reference)
+                  for seed in (2, 3, 4)]
         assert any(other != first for other in others), "no other picture changes the reference reply"
 
 

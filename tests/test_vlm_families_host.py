@@ -46,8 +46,10 @@ def png(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def hf_reply(history: list[tuple[str, list[bytes], str | None]]) -> str:
-    """Hugging Face's greedy reply to the last user turn of `history` [(text, pictures, reply or None)]."""
+def hf_reply(history: list[tuple[str, list[bytes], str | None]], model=None) -> str:
+    """Hugging Face's greedy reply to the last user turn of `history` [(text, pictures, reply or None)],
+    from `model` (default: the served one)."""
+    model = model if model is not None else shared.model
     processor = loaded_model.processor()
     messages, images = [], []
     for text, pictures, reply in history:
@@ -61,8 +63,8 @@ def hf_reply(history: list[tuple[str, list[bytes], str | None]]) -> str:
     inputs = processor(text=prompt, images=[images] if images else None, return_tensors="pt",
                        add_special_tokens=not (bos is not None and prompt.startswith(bos)))
     with torch.inference_mode():
-        output = shared.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                       suppress_tokens=[image_token_id(shared.model)])
+        output = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                suppress_tokens=[image_token_id(model)])
     return processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).lstrip(" ")
 
 
