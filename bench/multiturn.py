@@ -220,12 +220,12 @@ def multimodal():
 
 def set_caches(on: bool) -> None:
     """Caches on/off: image embeddings, tokenized text parts, prefix KV reuse."""
-    from extensions.multimodal import multimodal_embedder
+    from extensions.multimodal import prompt_encoding
     from extensions.multimodal.embedding_cache import BoundedLRU, megabytes
 
     embedder = multimodal().embedder()
-    embedder.cache = BoundedLRU(megabytes(2048) if on else 0)
-    embedder.text_memo = BoundedLRU(multimodal_embedder.TEXT_MEMO_BYTES if on else 0)
+    embedder.images.cache = BoundedLRU(megabytes(2048) if on else 0)
+    embedder.prompts.memo = BoundedLRU(prompt_encoding.MEMO_BYTES if on else 0)
     prefix_cache.clear()
     shared.settings["prefix_cache"] = on
 

@@ -1,7 +1,7 @@
 """`generate()`'s inputs, built in one place from what the tokenizer hook returned.
 
 In: the prompt's ids `[1, n]` and, when an extension returned them, its input embeddings
-`[1, n, hidden]`; and the route an extension may leave in `state[GENERATE_KWARGS]` from its
+`[1, n, hidden]`; and the route an extension may leave in `state[MODEL_ROUTE]` from its
 `tokenizer_modifier`: a function of how many leading tokens the prefix cache already holds, and of
 that cache (None when reuse is off), that gives the keyword arguments the model needs for this
 prompt (a model that takes more than stitched embeddings: Qwen2-VL's 3-D positions, Gemma 3's
@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from modules import prefix_cache, shared
 
-GENERATE_KWARGS = "generate_kwargs"
+MODEL_ROUTE = "model_route"
 
 
 Route = Callable[[int, Optional[DynamicCache]], dict]

@@ -185,7 +185,7 @@ def batch_logits_processors(state: dict, input_ids: torch.Tensor) -> Iterator[HF
 def tokenized_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
     input_ids = encode(text_for_plain_ids(question), add_bos_token=state["add_bos_token"],
                        truncation_length=get_max_prompt_length(state))
-    state.pop(model_inputs.GENERATE_KWARGS, None)  # a route is for the prompt the hook sees now, never an old one
+    state.pop(model_inputs.MODEL_ROUTE, None)  # a route is for the prompt the hook sees now, never an old one
     question, input_ids, inputs_embeds = apply_extensions("tokenizer", state, question, input_ids, None)
     return question, input_ids, inputs_embeds
 
@@ -245,7 +245,7 @@ def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
                     batch_processors: HFLogitsProcessor | None = None) -> tuple[dict, torch.Tensor | None]:
     kwargs = sampling_params(state)
     inputs, prompt_embeds = model_inputs.generate_inputs(input_ids, inputs_embeds, prefix_cache_enabled(state),
-                                                         state.pop(model_inputs.GENERATE_KWARGS, None))
+                                                         state.pop(model_inputs.MODEL_ROUTE, None))
     kwargs.update(inputs)
     # The batch-level processors see the raw logits first, as in vLLM; extensions append theirs after.
     first = [batch_processors] if batch_processors is not None else []

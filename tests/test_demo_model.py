@@ -13,6 +13,7 @@ import json
 import random
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -128,9 +129,10 @@ def test_two_images_in_one_message_the_answer_follows_their_order(demo):
 def test_an_earlier_image_and_a_new_one_the_answer_is_about_the_new_one(demo):
     reply, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [one_shape("orange", "star", 41)])
     assert reply == "It is a star."
-    reply, history = chat_turn(SHAPE_QUESTIONS[0], history, [one_shape("purple", "circle", 42)])
+    with embedded_images(demo.embedder()) as counts:
+        reply, history = chat_turn(SHAPE_QUESTIONS[0], history, [one_shape("purple", "circle", 42)])
     assert reply == "It is a circle."
-    assert demo.embedder().last_stats.images == 2  # add_all_images_to_prompt: the old one is real too
+    assert counts == [2]  # add_all_images_to_prompt: the old one is real too
     reply, history = chat_turn(COLOUR_QUESTIONS[0], history, [one_shape("green", "triangle", 43)])
     assert reply == "It is green."
 
@@ -143,6 +145,23 @@ def test_a_text_only_turn_after_an_image_turn(demo):
     assert reply == "It is red."
 
 
+@contextmanager
+def embedded_images(embedder):
+    """The number of images each prompt embedded while the block runs (a spy on `forward`)."""
+    counts, forward = [], embedder.forward
+
+    def counting(prompt, state):
+        result = forward(prompt, state)
+        counts.append(result.stats.images)
+        return result
+
+    embedder.forward = counting
+    try:
+        yield counts
+    finally:
+        del embedder.forward
+
+
 def newest_image_answers(script, seed: int, chats: int = 10) -> int:
     """Two-turn chats (a picture, then another); how many second answers name the newest shape."""
     rng = random.Random(seed)
@@ -150,9 +169,10 @@ def newest_image_answers(script, seed: int, chats: int = 10) -> int:
     for _ in range(chats):
         old, new = random_scene(rng, count=1), random_scene(rng, count=1)
         _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [picture(old, rng, quality=90)])
-        reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [picture(new, rng, quality=90)])
+        with embedded_images(script.embedder()) as counts:
+            reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [picture(new, rng, quality=90)])
         right += reply == single_answers(new)["shape"]
-        assert script.embedder().last_stats.images == (2 if script.params["add_all_images_to_prompt"] else 1)
+        assert counts == [2 if script.params["add_all_images_to_prompt"] else 1]
     return right
 
 

@@ -97,7 +97,7 @@ def received(fake_served, monkeypatch):
 
     monkeypatch.setattr(pipeline, "embed_images", recording_embed)
     monkeypatch.setattr(script, "tokenizer_modifier", recording_hook)
-    script.embedder().cache.clear()
+    script.embedder().images.cache.clear()
     return seen
 
 
@@ -116,8 +116,8 @@ def test_the_pipeline_gets_the_pixels_sent_through_the_ui_and_the_api(received, 
     assert "Generation failed" not in history["visible"][-1][1]
     import extensions.multimodal.script as script
 
-    assert len(script.embedder().cache) == 1
-    script.embedder().cache.clear()  # the same stored bytes would come from the cache: embed them again
+    assert len(script.embedder().images.cache) == 1
+    script.embedder().images.cache.clear()  # the same stored bytes would come from the cache: embed them again
     url = api_helpers.data_url(sent, "image/" + ("jpeg" if sent[:2] == b"\xff\xd8" else "png"))
     fake_served.client().chat.completions.create(model="any", max_tokens=2, temperature=0, messages=[
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}])

@@ -70,18 +70,20 @@ def test_split_without_markers():
     assert texts(split_prompt(f"a{IMG[0]}b", None, None)) == ["a", ("IMG", 0), "b"]
 
 
-def test_embedder_split_uses_the_pipeline_markers_and_can_load_images(llama):
-    parts = make("fake-img-markers")._split_prompt(f"text1{IMG[0]}text2", load_images=True)
+def test_embedder_split_uses_the_pipeline_markers_and_decodes_nothing(llama):
+    parts = make("fake-img-markers").prompts.split(f"text1{IMG[0]}text2")
     assert texts(parts) == ["text1<Img>", ("IMG", 0), "</Img>text2"]
-    assert parts[1].image.mode == "RGB" and parts[1].image.size == (32, 32)
-    assert make("fake-img-markers")._split_prompt(f"x{IMG[0]}")[1].image is None
+    assert parts[1].image is None
 
 
 # -- Ids, lengths and truncation -------------------------------------------------------------------
 
 def test_ids_are_text_then_placeholders_with_one_bos(llama):
     embedder = make("fake-img-markers")
-    _, ids, embeds, n_images = embedder.forward(f"text1{IMG[0]}text2{IMG[1]}text3", state(), embedder.params)
+    result = embedder.forward(f"text1{IMG[0]}text2{IMG[1]}text3", state())
+    ids = result.input_ids
+    embeds = result.inputs_embeds
+    n_images = result.images
     placeholder = [token("<image>")] * 4
     expected = (ids_of("text1<Img>", bos=True) + placeholder + ids_of("</Img>text2<Img>") + placeholder +
                 ids_of("</Img>text3"))
@@ -94,7 +96,8 @@ def test_no_bos_forced_when_the_state_says_so(llama):
     """add_bos_token=False forces none: the first part is encoded as the host encodes a prompt (this
     tokenizer adds its own BOS, which text-generation-webui keeps too); none is doubled or repeated."""
     embedder = make()
-    _, ids, _, _ = embedder.forward(f"hi{IMG[0]}there", state(add_bos_token=False), embedder.params)
+    result = embedder.forward(f"hi{IMG[0]}there", state(add_bos_token=False))
+    ids = result.input_ids
     first = encode("hi", add_bos_token=False)[0].tolist()
     assert ids.tolist()[:len(first)] == first and ids.tolist().count(shared.tokenizer.bos_token_id) == first.count(
         shared.tokenizer.bos_token_id) <= 1
@@ -105,7 +108,9 @@ def test_no_bos_forced_when_the_state_says_so(llama):
 @pytest.mark.parametrize("add_all", [False, True])
 def test_len_in_tokens_equals_forward_length(llama, prompt, add_all):
     embedder = make(add_all_images_to_prompt=add_all)
-    _, ids, embeds, _ = embedder.forward(prompt, state(), embedder.params)
+    result = embedder.forward(prompt, state())
+    ids = result.input_ids
+    embeds = result.inputs_embeds
     assert embedder.len_in_tokens(prompt) == ids.shape[0] == embeds.shape[0]
 
 
@@ -113,7 +118,8 @@ def test_len_in_tokens_with_a_per_image_token_count(llama):
     portrait, landscape = tag(noise_image(5, (16, 32))), tag(noise_image(6, (32, 16)))
     embedder = make("fake-varying", add_all_images_to_prompt=True)
     for prompt in (f"a{portrait}b{landscape}c", f"{landscape}{portrait}"):
-        _, ids, _, _ = embedder.forward(prompt, state(), embedder.params)
+        result = embedder.forward(prompt, state())
+        ids = result.input_ids
         assert embedder.len_in_tokens(prompt) == ids.shape[0]
     assert (ids == token("<image>")).sum() == 4 + 8
 
@@ -132,7 +138,9 @@ def test_over_long_text_before_an_image_keeps_the_start_marker(llama):
     embedder = make()
     max_length = 4 + len(tail) + 3
     notices = state(truncation_length=max_length + 16)
-    _, ids, _, n_images = embedder.forward(f"{long_text}{IMG[0]} What is it?", notices, embedder.params)
+    result = embedder.forward(f"{long_text}{IMG[0]} What is it?", notices)
+    ids = result.input_ids
+    n_images = result.images
     assert ids.shape[0] == max_length and n_images == 1
     full_head = ids_of(long_text + "<im_start>", bos=True)
     assert ids[:3].tolist() == full_head[-3:]
@@ -143,13 +151,17 @@ def test_over_long_text_before_an_image_keeps_the_start_marker(llama):
 def test_start_marker_that_does_not_fit_goes_with_its_image(llama):
     embedder = make()
     tail = ids_of("<im_end> end")
-    _, full_ids, _, _ = embedder.forward(f"text{IMG[0]} end", state(), embedder.params)
+    result = embedder.forward(f"text{IMG[0]} end", state())
+    full_ids = result.input_ids
     # room for the image and the text after it, but not for the <im_start> before it
     fits_exactly = state(truncation_length=4 + len(tail) + 1 + 16)
-    _, ids, _, _ = embedder.forward(f"text{IMG[0]} end", fits_exactly, embedder.params)
+    result = embedder.forward(f"text{IMG[0]} end", fits_exactly)
+    ids = result.input_ids
     assert ids[0] == token("<im_start>") and ids.shape[0] == 4 + len(tail) + 1
     too_small = state(truncation_length=4 + len(tail) + 16)
-    _, ids, _, n_images = embedder.forward(f"text{IMG[0]} end", too_small, embedder.params)
+    result = embedder.forward(f"text{IMG[0]} end", too_small)
+    ids = result.input_ids
+    n_images = result.images
     assert ids.tolist() == tail and n_images == 0
     assert too_small["notices"] and "Removed 1 image(s)" in too_small["notices"][0]
 
@@ -157,16 +169,20 @@ def test_start_marker_that_does_not_fit_goes_with_its_image(llama):
 def test_an_image_at_the_cut_is_removed_whole(llama):
     embedder = make(add_all_images_to_prompt=True)
     prompt = f"a{IMG[0]}b{IMG[1]}c{IMG[2]} last"
-    _, full, _, _ = embedder.forward(prompt, state(), embedder.params)
+    result = embedder.forward(prompt, state())
+    full = result.input_ids
     last_image_start = len(full) - len(ids_of("<im_end> last")) - 4
     # the cut falls inside the middle image (keep its last two rows and what follows)
     middle_image_end = last_image_start - len(ids_of("<im_end>c<im_start>"))
     cut = state(truncation_length=len(full) - middle_image_end + 2 + 16)
-    _, ids, embeds, n_images = embedder.forward(prompt, cut, embedder.params)
+    result = embedder.forward(prompt, cut)
+    ids = result.input_ids
+    embeds = result.inputs_embeds
+    n_images = result.images
     assert n_images == 1 and ids.shape[0] <= len(full) - middle_image_end + 2
     assert ids.tolist() == full[middle_image_end:].tolist()
     assert cut["notices"] == [cut["notices"][0]] and "Removed 2 image(s)" in cut["notices"][0]
-    assert embedder.last_stats.removed_images == 2
+    assert result.stats.removed_images == 2
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -176,7 +192,10 @@ def test_truncation_never_cuts_an_image(llama, pieces, max_length, add_all, mark
     prompt = "".join(IMG[p] if isinstance(p, int) else p for p in pieces)
     embedder = make("fake-linear" if markers else "fake-no-markers", add_all_images_to_prompt=add_all)
     try:
-        _, ids, embeds, n_images = embedder.forward(prompt, state(truncation_length=max_length + 16), embedder.params)
+        result = embedder.forward(prompt, state(truncation_length=max_length + 16))
+        ids = result.input_ids
+        embeds = result.inputs_embeds
+        n_images = result.images
     except ValueError as error:  # only when nothing at all fits
         assert "cannot fit" in str(error)
         return
@@ -201,7 +220,9 @@ def test_stitched_rows_equal_the_pipeline_embeddings_in_prompt_order(llama):
     embedder = make("fake-img-markers", add_all_images_to_prompt=True)
     pipeline = embedder.pipeline
     tags = [tag(noise_image(10)), tag(solid_image((0, 200, 0)))]
-    _, ids, embeds, _ = embedder.forward(f"Look:{tags[0]} and {tags[1]}?", state(), embedder.params)
+    result = embedder.forward(f"Look:{tags[0]} and {tags[1]}?", state())
+    ids = result.input_ids
+    embeds = result.inputs_embeds
     expected = []
     for text, bos, image_tag in (("Look:<Img>", True, tags[0]), ("</Img> and <Img>", False, tags[1])):
         expected.append(pipeline.embed_tokens(encode(text, add_special_tokens=bos, add_bos_token=bos)[0]))
@@ -215,7 +236,9 @@ def test_stitched_rows_equal_the_pipeline_embeddings_in_prompt_order(llama):
 
 def test_older_images_get_placeholder_embeddings(llama):
     embedder = make()
-    _, ids, embeds, _ = embedder.forward(f"a{IMG[0]}b{IMG[1]}c", state(), embedder.params)
+    result = embedder.forward(f"a{IMG[0]}b{IMG[1]}c", state())
+    ids = result.input_ids
+    embeds = result.inputs_embeds
     first = ids_of("a<im_start>", True)
     placeholder = embedder.pipeline.placeholder_embeddings()
     assert torch.equal(embeds[len(first):len(first) + 4], placeholder)
@@ -225,7 +248,7 @@ def test_older_images_get_placeholder_embeddings(llama):
 def test_a_wrong_row_count_raises_a_clear_error(llama):
     embedder = make("fake-wrong-rows")
     with pytest.raises(EmbeddingCountError) as error:
-        embedder.forward(f"a{IMG[0]}b", state(), embedder.params)
+        embedder.forward(f"a{IMG[0]}b", state())
     message = str(error.value)
     assert "fake-wrong-rows" in message and "3 embedding rows" in message and "4 placeholder tokens" in message
 
@@ -234,7 +257,9 @@ def test_short_placeholder_embeddings_make_the_ids_follow_with_one_warning(llama
     embedder = make("fake-short-placeholder")
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
-            _, ids, embeds, _ = embedder.forward(f"a{IMG[0]}b{IMG[1]}c{IMG[2]}", state(), embedder.params)
+            result = embedder.forward(f"a{IMG[0]}b{IMG[1]}c{IMG[2]}", state())
+            ids = result.input_ids
+            embeds = result.inputs_embeds
     assert ids.shape[0] == embeds.shape[0]
     assert (ids == token("<image>")).sum() == 2 + 2 + 4
     assert sum("placeholder embedding rows" in r.message for r in caplog.records) == 1
@@ -244,31 +269,36 @@ def test_short_placeholder_embeddings_make_the_ids_follow_with_one_warning(llama
 
 def test_cache_hit_and_miss(llama, caplog):
     embedder = make()
-    first = embedder.forward(f"a{IMG[0]}", state(), embedder.params)
-    assert (embedder.last_stats.images, embedder.last_stats.from_cache) == (1, 0)
-    second = embedder.forward(f"other text {IMG[0]}", state(), embedder.params)
-    assert (embedder.last_stats.images, embedder.last_stats.from_cache) == (1, 1)
+    first = embedder.forward(f"a{IMG[0]}", state())
+    assert (first.stats.images, first.stats.from_cache) == (1, 0)
+    second = embedder.forward(f"other text {IMG[0]}", state())
+    assert (second.stats.images, second.stats.from_cache) == (1, 1)
     assert embedder.pipeline.batches == [1]
-    assert torch.equal(first[2][-5:], second[2][-5:])
-    embedder.forward(f"a{IMG[1]}", state(), embedder.params)
+    assert torch.equal(first.inputs_embeds[-5:], second.inputs_embeds[-5:])
+    embedder.forward(f"a{IMG[1]}", state())
     assert embedder.pipeline.batches == [1, 1]
 
 
 def test_same_size_different_pixels_never_share_an_entry(llama):
     embedder = make(add_all_images_to_prompt=True)
     red, blue = tag(solid_image((255, 0, 0))), tag(solid_image((0, 0, 255)))
-    _, ids, embeds, _ = embedder.forward(f"{red}{blue}", state(add_bos_token=False), embedder.params)
+    result = embedder.forward(f"{red}{blue}", state(add_bos_token=False))
+    ids = result.input_ids
+    embeds = result.inputs_embeds
     assert embedder.pipeline.batches == [2], "both misses in one batch"
     marker = 1 + int(ids[0] == shared.tokenizer.bos_token_id)  # after <im_start> (and the tokenizer's own BOS)
     assert not torch.equal(embeds[marker:marker + 4], embeds[-5:-1])
-    _, _, again, _ = embedder.forward(f"{blue}{red}", state(add_bos_token=False), embedder.params)
-    assert embedder.pipeline.batches == [2] and embedder.last_stats.from_cache == 2
+    result = embedder.forward(f"{blue}{red}", state(add_bos_token=False))
+    again = result.inputs_embeds
+    assert embedder.pipeline.batches == [2] and result.stats.from_cache == 2
     assert torch.equal(again[marker:marker + 4], embeds[-5:-1])
 
 
 def test_the_same_image_twice_is_embedded_once(llama):
     embedder = make(add_all_images_to_prompt=True)
-    _, ids, embeds, _ = embedder.forward(f"{IMG[0]}{IMG[0]}", state(add_bos_token=False), embedder.params)
+    result = embedder.forward(f"{IMG[0]}{IMG[0]}", state(add_bos_token=False))
+    ids = result.input_ids
+    embeds = result.inputs_embeds
     assert embedder.pipeline.batches == [1]
     marker = 1 + int(ids[0] == shared.tokenizer.bos_token_id)
     assert torch.equal(embeds[marker:marker + 4], embeds[-5:-1])
@@ -277,27 +307,30 @@ def test_the_same_image_twice_is_embedded_once(llama):
 def test_cached_output_equals_uncached_output(llama):
     prompt = f"a{IMG[0]}b{IMG[1]}c"
     cached = make(add_all_images_to_prompt=True)
-    cached.forward(prompt, state(), cached.params)
-    from_cache = cached.forward(prompt, state(), cached.params)
-    assert cached.last_stats.from_cache == 2
+    cached.forward(prompt, state())
+    from_cache = cached.forward(prompt, state())
+    assert from_cache.stats.from_cache == 2
     uncached = make(add_all_images_to_prompt=True, embedding_cache_mb=0)
-    plain = uncached.forward(prompt, state(), uncached.params)
-    uncached.forward(prompt, state(), uncached.params)
-    assert uncached.pipeline.batches == [2, 2] and len(uncached.cache) == 0
-    assert torch.equal(from_cache[1], plain[1]) and torch.equal(from_cache[2], plain[2])
+    plain = uncached.forward(prompt, state())
+    uncached.forward(prompt, state())
+    assert uncached.pipeline.batches == [2, 2] and len(uncached.images.cache) == 0
+    assert torch.equal(from_cache.input_ids, plain.input_ids) and torch.equal(from_cache.inputs_embeds, plain.inputs_embeds)
 
 
 def test_settings_that_change_embeddings_are_part_of_the_key(llama):
     embedder = make()
-    embedder.forward(f"a{IMG[0]}", state(), embedder.params)
-    embedder.forward(f"a{IMG[0]}", state(), dict(embedder.params, vision_bits=16))
+    embedder.forward(f"a{IMG[0]}", state())
+    embedder.params["vision_bits"] = 16  # the settings change the params in place
+    embedder.forward(f"a{IMG[0]}", state())
     assert embedder.pipeline.batches == [1, 1]
 
 
 def test_placeholder_images_are_neither_embedded_nor_decoded(llama):
     embedder = make()
     broken = tag_of_bytes(b"this is not an image")
-    _, ids, _, n_images = embedder.forward(f"old {broken} new {IMG[0]}", state(), embedder.params)
+    result = embedder.forward(f"old {broken} new {IMG[0]}", state())
+    ids = result.input_ids
+    n_images = result.images
     assert n_images == 2 and embedder.pipeline.batches == [1]
 
 
@@ -307,12 +340,12 @@ def test_text_memo_returns_what_encode_returns(llama):
     bos = shared.tokenizer.bos_token_id
     for text in ["", "Hello world", "<im_end>USER: What is it?\nASSISTANT:", "Hello world", "ünïcödé 123"]:
         for add_bos in (True, False):
-            assert torch.equal(embedder._encode_memo(text, first=True, add_bos=add_bos),
+            assert torch.equal(embedder.prompts.text_ids(text, first=True, add_bos=add_bos),
                                encode(text, add_bos_token=add_bos)[0])
-        later = embedder._encode_memo(text, first=False)
+        later = embedder.prompts.text_ids(text, first=False)
         assert torch.equal(later, encode(text, add_special_tokens=False, add_bos_token=False)[0])
         assert bos not in later.tolist()
-    assert embedder.text_memo.hits >= 2
+    assert embedder.prompts.memo.hits >= 2
 
 
 def test_bounded_lru_evicts_the_least_recently_used_by_bytes():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from extensions.multimodal.image_codec import (ImageDecodeError, b64_to_bytes, decode_image_bytes, image_for_counting,
-                                               tag_b64_to_image)
+                                               image_label, tag_b64_to_image)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder, PromptTooLongError, TooManyImagesError
 from extensions.multimodal.prompt_parts import split_prompt
 from modules import shared
@@ -36,7 +36,7 @@ def state(**overrides) -> dict:
 
 def forward(prompt: str, embedder: MultimodalEmbedder | None = None, **state_overrides):
     embedder = embedder or make()
-    return embedder.forward(prompt, state(**state_overrides), embedder.params)
+    return embedder.forward(prompt, state(**state_overrides))
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -108,8 +108,9 @@ def test_bad_base64_characters_and_zero_bytes():
     exif_rotated,
 ], ids=["png", "webp", "gif", "animated-gif", "1x1", "10000x10", "cmyk", "p-transparent", "la", "i16", "exif"])
 def test_odd_but_valid_images_go_through(llama, make_bytes):
-    _, ids, embeds, n_images = forward(f"look {tag_of_bytes(make_bytes())} now")
-    assert n_images == 1 and ids.shape[0] == embeds.shape[0] and torch.isfinite(embeds).all()
+    result = forward(f"look {tag_of_bytes(make_bytes())} now")
+    assert result.images == 1 and result.input_ids.shape[0] == result.inputs_embeds.shape[0]
+    assert torch.isfinite(result.inputs_embeds).all()
 
 
 def test_animated_gif_gives_its_first_frame():
@@ -146,8 +147,8 @@ def test_more_images_than_the_pipeline_allows(llama):
     with pytest.raises(TooManyImagesError, match="fake-one-image' allows at most 1") as error:
         forward(f"{GOOD} and {tag(noise_image(9))}", make("fake-one-image"))
     assert "2 images" in str(error.value) and isinstance(error.value, ValueError)
-    _, _, _, n_images = forward(f"{GOOD} and {tag(noise_image(9))}", make("fake-one-image", add_all_images_to_prompt=False))
-    assert n_images == 2, "older images as placeholders do not count"
+    result = forward(f"{GOOD} and {tag(noise_image(9))}", make("fake-one-image", add_all_images_to_prompt=False))
+    assert result.images == 2, "older images as placeholders do not count"
 
 
 def test_more_images_than_the_setting_allows(llama):
@@ -201,6 +202,8 @@ def test_fuzz_splitter_and_tag_decoder(llama, pieces):
     assert "".join(part.text for part in parts) == prompt
     assert [part.is_image for part in parts] == [i % 2 == 1 for i in range(len(parts))]
     try:
-        make()._split_prompt(prompt, load_images=True)
+        for part in make().prompts.split(prompt):
+            if part.is_image:
+                tag_b64_to_image(part.b64, label=image_label(part.index))
     except ImageDecodeError as error:
         assert "image in the prompt" in str(error)

@@ -133,6 +133,8 @@ def test_a_marker_without_a_picture_is_left_out_with_a_notice(host, llama_dir):
 
 def test_image_rows_never_carry_the_pad_id(host, llama_dir):
     """text-generation-webui generates with no attention mask: transformers masks every pad-id position."""
+    from extensions.multimodal.pad_safe_ids import image_row_id
+
     script = load_multimodal(host, llama_dir)
     placeholder = script.embedder().pipeline.placeholder_token_id()
     shared.model.generation_config.pad_token_id = placeholder  # LLaVA-1.5 on Vicuna: <unk> = 0 = pad
@@ -146,7 +148,7 @@ def test_image_rows_never_carry_the_pad_id(host, llama_dir):
 
     unmasked = greedy(ids, attention_mask=torch.ones_like(ids))
     assert greedy(ids) == unmasked, "generate() without a mask sees the image rows"
-    placeholder_ids = torch.where(ids == script.embedder().image_row_id(), placeholder, ids)
+    placeholder_ids = torch.where(ids == image_row_id(script.embedder().pipeline), placeholder, ids)
     assert greedy(placeholder_ids) != unmasked, "with placeholder ids the rows would be masked (the original bug)"
 
 

@@ -191,6 +191,7 @@ def test_a_picture_that_truncation_leaves_alone_is_laid_out_alone(loaded):
     takes more tokens than two as several here, so it no longer fits either and goes too."""
     from extensions.multimodal import script
     from extensions.multimodal.image_codec import store_bytes
+    from extensions.multimodal.pad_safe_ids import image_row_id
 
     embedder, first, second = script.embedder(), png(64, 48, 12), png(48, 64, 13)
     tags = [store_bytes(picture).tag for picture in (first, second)]
@@ -198,5 +199,5 @@ def test_a_picture_that_truncation_leaves_alone_is_laid_out_alone(loaded):
     both, second_alone = embedder.len_in_tokens(prompt), embedder.len_in_tokens(f" and {tags[1]} Which one?")
     assert second_alone > both, "this checks nothing: the lone layout is not the longer one"
     state = host_helpers.greedy_state(max_new_tokens=NEW_TOKENS, truncation_length=both - 10 + NEW_TOKENS)
-    _, ids, _, images = embedder.forward(prompt, state, script.params)
-    assert images == 0 and int((ids == embedder.image_row_id()).sum()) == 0
+    result = embedder.forward(prompt, state)
+    assert result.images == 0 and int((result.input_ids == image_row_id(embedder.pipeline)).sum()) == 0

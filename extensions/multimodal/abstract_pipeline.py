@@ -158,3 +158,14 @@ class AbstractMultimodalPipeline(ABC):
         if value in ('bf16', 'bfloat16'):
             return torch.bfloat16
         raise ValueError(f"{setting_name}={value!r}: expected 32, 16 or 'bf16'")
+
+
+def overrides(pipeline, method_name: str) -> bool:
+    """Whether `pipeline` implements an optional capability itself, not this class's default.
+
+    The defaults only restate `num_image_embeds()`; the embedder skips work (decoding a picture to
+    lay it out, a route) for pipelines that keep them. Compared by name: tests reload modules.
+    """
+    method = getattr(type(pipeline), method_name, None)
+    default = getattr(AbstractMultimodalPipeline, method_name)
+    return method is not None and method.__qualname__ != default.__qualname__

@@ -46,7 +46,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
 # takes; and, when a model needs more than stitched embeddings, a function of the tokens a prefix cache
 # holds that gives generate()'s keyword arguments.
 MESSAGE_IMAGES = "message_images"
-GENERATE_KWARGS = "generate_kwargs"
+MODEL_ROUTE = "model_route"
 # In hosts that build generate()'s inputs themselves (text-generation-webui): the processor's tensors
 # beside the ids the tokenizer hook returned, for the one generate() call of this reply.
 PROCESSOR_INPUTS = "multimodal_processor_inputs"
@@ -54,3 +54,8 @@ PROCESSOR_INPUTS = "multimodal_processor_inputs"
 
 def with_defaults(params: Optional[dict]) -> dict:
     return {**DEFAULT_PARAMS, **(params or {})}
+
+
+def max_image_pixels(params: Optional[dict]) -> int:
+    """The `max_image_pixels` param; unset (None or 0) means the default, never no limit."""
+    return int((params or {}).get("max_image_pixels") or DEFAULT_PARAMS["max_image_pixels"])

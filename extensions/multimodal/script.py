@@ -81,11 +81,11 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from extensions.multimodal import loaded_model  # noqa: E402
-from extensions.multimodal.defaults import (DEFAULT_PARAMS, GENERATE_KWARGS, MESSAGE_IMAGES,  # noqa: E402
-                                            PROCESSOR_INPUTS)
-from extensions.multimodal.image_codec import (DEFAULT_MAX_PIXELS, IMAGE_TAG_RE, ImageDecodeError,  # noqa: E402
-                                               Stored, check_history_format, ordinal, store_bytes,
-                                               store_image)
+from extensions.multimodal import notices  # noqa: E402
+from extensions.multimodal.defaults import (DEFAULT_PARAMS, MESSAGE_IMAGES, MODEL_ROUTE,  # noqa: E402
+                                            PROCESSOR_INPUTS, max_image_pixels)
+from extensions.multimodal.image_codec import (IMAGE_TAG_RE, ImageDecodeError, Stored,  # noqa: E402
+                                               check_history_format, ordinal, store_bytes, store_image)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder  # noqa: E402
 from extensions.multimodal.native_media import MEDIA_MARKER, markers_to_tags  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.auto_classes import register_image_text_classes  # noqa: E402
@@ -227,8 +227,7 @@ def store(picture: Any, label: str = "the image") -> Stored:
         except OSError as error:
             raise ImageDecodeError(f"Cannot read {label} from {picture}: {error}") from error
     if isinstance(picture, (bytes, bytearray)):
-        max_pixels = int(params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)
-        return store_bytes(bytes(picture), max_pixels, label, history_format, max_side)
+        return store_bytes(bytes(picture), max_image_pixels(params), label, history_format, max_side)
     raise ImageDecodeError(f"Cannot read {label}: expected a file path, bytes or a PIL image, got {type(picture).__name__}")
 
 
@@ -247,10 +246,9 @@ def history_tags(pictures: list, state: Optional[dict], label_of=lambda i, n: "t
     stored = [store(picture, label_of(i, len(pictures))) for i, picture in enumerate(pictures)]
     changed = sum(item.changed for item in stored)
     if changed and state is not None:
-        message = (f"{changed} picture(s) stored as JPEG (at most {history_max_side()} px) because of "
-                   f"multimodal-history_image_format: jpeg; the model sees that JPEG, not the exact picture.")
-        logger.info(f"Multimodal: {message}")
-        state.setdefault("notices", []).append(message)
+        notices.tell(state, f"{changed} picture(s) stored as JPEG (at most {history_max_side()} px) because of "
+                            f"multimodal-history_image_format: jpeg; the model sees that JPEG, not the exact picture.",
+                     level="info")
     return [item.tag for item in stored]
 
 
@@ -303,10 +301,8 @@ def media_to_tags(prompt: str, state: dict) -> str:
     """text-generation-webui's `<__media__>` markers -> the tags of the pictures `state` carries."""
     prompt, missing = markers_to_tags(prompt, state, lambda picture, label: history_tags([picture], state, lambda i, n: label)[0])
     if missing:
-        message = (f"{missing} {MEDIA_MARKER} marker(s) in the prompt had no picture in the request "
-                   f"and were left out.")
-        logger.warning(f"Multimodal: {message}")
-        state.setdefault("notices", []).append(message)
+        notices.tell(state, f"{missing} {MEDIA_MARKER} marker(s) in the prompt had no picture in the request "
+                            f"and were left out.")
     return prompt
 
 
@@ -332,8 +328,7 @@ def custom_tokenized_length(prompt: str) -> Optional[int]:
 
 
 def route_inputs(tagged: str, add_bos: bool):
-    max_pixels = int(params.get("max_image_pixels") or DEFAULT_MAX_PIXELS)
-    return processor_inputs(loaded_model.processor(), tagged, add_bos, max_pixels)
+    return processor_inputs(loaded_model.processor(), tagged, add_bos, max_image_pixels(params))
 
 
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
@@ -342,16 +337,16 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
         return prompt, input_ids, input_embeds
     if processor_route():
         return prompt, processor_route_ids(tagged, state), None
-    current = embedder()
-    _, ids, embeds, _ = current.forward(tagged, state, params)
-    stats = current.last_stats
+    embedded = embedder().forward(tagged, state)
+    stats = embedded.stats
     logger.info(f"Multimodal: embedded {stats.images} image(s) in {stats.seconds:.2f} s ({stats.from_cache} from cache)")
-    if current.last_route is not None:
+    if embedded.route is not None:
         # This repository's host builds generate()'s inputs with it (3-D positions, precomputed features);
         # hosts without it (text-generation-webui) generate from the embeddings.
-        state[GENERATE_KWARGS] = current.last_route
+        state[MODEL_ROUTE] = embedded.route
     device, dtype = loaded_model.placement()
-    return prompt, ids.unsqueeze(0).to(device, torch.int64), embeds.unsqueeze(0).to(device, dtype)
+    return (prompt, embedded.input_ids.unsqueeze(0).to(device, torch.int64),
+            embedded.inputs_embeds.unsqueeze(0).to(device, dtype))
 
 
 def processor_route_ids(tagged: str, state: dict) -> torch.Tensor:

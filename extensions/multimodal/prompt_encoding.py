@@ -1,0 +1,169 @@
+"""A prompt with image tags -> its parts with token ids, truncated by whole images. No pixels are embedded.
+
+`PromptEncoder.encode(prompt, state)`:
+1. `split`: alternating text/image parts, the pipeline's image start/end markers added to the text;
+2. ids: text through the host's `encode()` (the state's BOS rule on the first part only), each
+   image as its layout's ids: the pipeline's own per-image layout for an image that is embedded,
+   else `num_image_embeds()` placeholder ids;
+3. truncation to `get_max_prompt_length(state)`, dropping whole leading parts and whole images (the
+   user is told how many).
+`measure(prompt)` is the length in tokens, images included; it decodes a picture only when the
+pipeline needs the pixels to lay it out. Ids and layouts are memoised: a chat prompt is measured
+many times per turn.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+
+from extensions.multimodal import notices
+from extensions.multimodal.abstract_pipeline import ImageLayout, overrides
+from extensions.multimodal.defaults import max_image_pixels
+from extensions.multimodal.embedding_cache import BoundedLRU, tensor_nbytes
+from extensions.multimodal.image_codec import image_for_counting, image_label, tag_b64_to_image
+from extensions.multimodal.loaded_model import model_device
+from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
+from modules import shared
+from modules.text_generation import encode, get_max_prompt_length
+
+MEMO_BYTES = 8 * 1024 * 1024
+
+
+class PromptTooLongError(ValueError):
+    """Nothing of the prompt fits in `truncation_length - max_new_tokens`, even after dropping images."""
+
+
+class PromptEncoder:
+    def __init__(self, pipeline, params: dict):
+        self.pipeline = pipeline
+        self.params = params
+        self.memo = BoundedLRU(MEMO_BYTES)
+
+    def split(self, prompt: str) -> List[PromptPart]:
+        rewrite = getattr(self.pipeline, "prompt_text", None)  # absent in pipelines of the original
+        prompt = rewrite(prompt) if rewrite is not None else prompt
+        return split_prompt(prompt, self.pipeline.image_start(), self.pipeline.image_end())
+
+    def measure(self, prompt: str) -> int:
+        with torch.inference_mode():
+            parts = self.assign_ids(self.split(prompt), add_bos=True)
+        return sum(n_tokens(part) for part in parts)
+
+    def encode(self, prompt: str, state: dict) -> Tuple[List[PromptPart], int]:
+        """(the parts that fit, with ids; how many images were dropped to fit)."""
+        add_bos = bool(state.get("add_bos_token", True))
+        parts = self.assign_ids(self.split(prompt), add_bos)
+        max_length = get_max_prompt_length(state)
+        if max_length <= 0:
+            raise PromptTooLongError(
+                f"No room for the prompt: truncation_length ({state['truncation_length']}) - max_new_tokens "
+                f"({state['max_new_tokens']}) = {max_length} tokens. Lower max_new_tokens.")
+        kept, removed = truncate_parts(parts, max_length, self.start_marker_length())
+        if removed and self.several(kept) != self.several(parts):  # the last picture left lays out alone
+            kept, more = truncate_parts(self.assign_ids(kept, add_bos), max_length, self.start_marker_length())
+            removed += more
+        if sum(n_tokens(part) for part in kept) == 0:
+            raise PromptTooLongError(
+                f"The prompt ({sum(n_tokens(part) for part in parts)} tokens, {count_images(parts)} image(s)) cannot "
+                f"fit in {max_length} tokens (truncation_length - max_new_tokens) even after dropping images. "
+                f"Lower max_new_tokens.")
+        if removed:
+            notices.tell(state, f"Removed {removed} image(s) from the start of the prompt: it did not fit in "
+                                f"{max_length} tokens (truncation_length - max_new_tokens). Lower max_new_tokens or "
+                                f"start a new chat to keep them.")
+        return kept, removed
+
+    def start_marker_length(self) -> int:
+        start = self.pipeline.image_start() or ""
+        return len(self.text_ids(start, first=False)) if start else 0
+
+    def assign_ids(self, parts: List[PromptPart], add_bos: bool) -> List[PromptPart]:
+        embedded, several = self.images_to_embed(parts), self.several(parts)
+        for i, part in enumerate(parts):
+            if part.is_image:
+                part.layout = self.image_layout(part, part.index in embedded, several)
+                part.input_ids = part.layout.ids
+            else:
+                part.input_ids = self.text_ids(part.text, first=i == 0, add_bos=add_bos)
+        return parts
+
+    def images_to_embed(self, parts: List[PromptPart]) -> set:
+        """Indices of the images that get real embeddings (the others get placeholder embeddings)."""
+        indices = [part.index for part in parts if part.is_image]
+        return set(indices if self.embeds_all_images() else indices[-1:])
+
+    def embeds_all_images(self) -> bool:
+        """`add_all_images_to_prompt`, or when that is unset (None) the pipeline's own choice."""
+        setting = self.params.get("add_all_images_to_prompt")
+        if setting is not None:
+            return bool(setting)
+        preferred = getattr(self.pipeline, "embeds_all_images", None)  # absent in pipelines of the original
+        return bool(preferred and preferred())
+
+    def several(self, parts: List[PromptPart]) -> bool:
+        """Whether the prompt's pictures are laid out as several (only pipelines that say it matters)."""
+        depends = getattr(self.pipeline, "layout_depends_on_count", None)
+        return bool(depends and depends()) and count_images(parts) > 1
+
+    def image_layout(self, part: PromptPart, embedded: bool, several: bool = False) -> ImageLayout:
+        """The ids an image becomes: `num_image_embeds()` placeholders, or the pipeline's own per-image layout."""
+        pixels = overrides(self.pipeline, "image_layout")  # a processor's own layout needs the pixels
+        if not (embedded and (pixels or overrides(self.pipeline, "num_image_embeds_for"))):
+            return ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds())))
+        key = ("image layout", part.b64, several)
+        layout = self.memo.get(key)
+        if layout is None:
+            read = tag_b64_to_image if pixels else image_for_counting  # a count from the size needs the header only
+            image = read(part.b64, max_image_pixels(self.params), image_label(part.index))
+            layout = self.layout_of(image, several) if pixels else \
+                ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
+            self.memo.put(key, layout, tensor_nbytes(layout.ids) + len(part.b64))
+        return layout
+
+    def layout_of(self, image, several: bool) -> ImageLayout:
+        layout = self.pipeline.image_layout(image, several=True) if several else self.pipeline.image_layout(image)
+        return ImageLayout(layout.ids.to(device=model_device(), dtype=torch.int64), layout.info)
+
+    def placeholder_ids(self, count: int) -> torch.Tensor:
+        return torch.full((count,), int(self.pipeline.placeholder_token_id()), dtype=torch.int64,
+                          device=model_device())
+
+    def text_ids(self, text: str, first: bool, add_bos: bool = False) -> torch.Tensor:
+        """The ids of one text part, memoised.
+
+        The first part is encoded as the host encodes a whole prompt (`add_bos` is the state's
+        `add_bos_token`); later parts as they follow an image's last special token in the whole
+        prompt (`encode_after_special`), so no host puts a BOS in the middle of the prompt (today's
+        text-generation-webui keeps a tokenizer's BOS even when told `add_bos_token=False`).
+        """
+        key = (text, first, add_bos)
+        ids = self.memo.get(key)
+        if ids is None:
+            ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64) if first else encode_after_special(text)
+            self.memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
+        return ids
+
+
+def encode_after_special(text: str) -> torch.Tensor:
+    """`text`'s ids where it follows a special token, as in a whole prompt after an image's tokens.
+
+    Encoded alone, a tokenizer whose pre-tokenizer prepends "▁" to the start of the text
+    (SentencePiece-style Metaspace, Llama's) writes one there that the whole prompt does not have,
+    since the text does not start the prompt. Encoding it after a special token (the EOS: split off
+    before pre-tokenization) and dropping that token's ids gives the whole prompt's ids.
+    """
+    anchor = getattr(shared.tokenizer, "eos_token", None)
+    if not anchor:
+        return strip_leading_bos(encode(text, add_special_tokens=False, add_bos_token=False)[0].to(torch.int64))
+    anchor_ids = encode(anchor, add_special_tokens=False, add_bos_token=False)[0]
+    ids = encode(anchor + text, add_special_tokens=False, add_bos_token=False)[0]
+    assert torch.equal(ids[:len(anchor_ids)], anchor_ids), "the EOS token is not split off the text"
+    return ids[len(anchor_ids):].to(torch.int64)
+
+
+def strip_leading_bos(ids: torch.Tensor) -> torch.Tensor:
+    bos = getattr(shared.tokenizer, "bos_token_id", None)
+    while bos is not None and ids.shape[0] > 0 and int(ids[0]) == bos:
+        ids = ids[1:]
+    return ids
