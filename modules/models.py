@@ -1,10 +1,11 @@
-"""Loading a Hugging Face model folder into `shared.model` / `shared.tokenizer` / `shared.processor`.
+"""Loading a Hugging Face model folder into `shared.model` / `shared.tokenizer`.
 
 `load_model(name)` picks the transformers Auto class from the folder's config.json:
 - configs with a `vision_config` (LLaVA, Qwen2.5-VL, Gemma 3, ...) load with
-  `AutoModelForImageTextToText` (`shared.is_multimodal`) and keep their `AutoProcessor` in
-  `shared.processor` when it loads here (several need torchvision; without it the processor is
-  None and the multimodal extension builds one from the folder's parts);
+  `AutoModelForImageTextToText` (`shared.is_multimodal`); their tokenizer takes the chat template
+  the folder keeps for its processor when it has none of its own. The processor itself is the
+  multimodal extension's to load, as in text-generation-webui (several need torchvision, which
+  the extension works around);
 - original LLaVA checkpoints (`model_type: llava_llama`) load as plain Llama causal LMs; their
   `model.mm_projector.*` tensors stay on disk for the multimodal pipeline to read;
 - everything else loads with `AutoModelForCausalLM`.
@@ -18,8 +19,8 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor,
-                          AutoTokenizer)
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+from transformers.processing_utils import ProcessorMixin
 
 from modules import model_settings, shared
 from modules.logging_colors import logger
@@ -111,26 +112,21 @@ def load_llava_llama(path: Path, config: dict[str, Any], kwargs: dict[str, Any])
 
 
 def load_model(model_name: str):
-    """Load a model folder; returns `(model, tokenizer)` and sets `shared.processor`."""
+    """Load a model folder; returns `(model, tokenizer)`."""
     path = resolve_model_path(model_name)
     config = read_config_dict(path)
     kwargs = loading_kwargs(config)
     logger.info(f"Loading {path} ({config.get('model_type', '?')}, {kwargs['dtype']})")
-    shared.processor = None
     shared.is_multimodal = is_image_text_config(config)
     if config.get("model_type") == "llava_llama":
         model = load_llava_llama(path, config, kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
     elif shared.is_multimodal:
         model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
-        shared.processor = load_processor(path)
-        tokenizer = shared.processor.tokenizer if shared.processor is not None else \
-            AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
-        if getattr(tokenizer, "chat_template", None) is None and shared.processor is not None:
-            tokenizer.chat_template = getattr(shared.processor, "chat_template", None)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
+    if shared.is_multimodal and getattr(tokenizer, "chat_template", None) is None:
+        tokenizer.chat_template = processor_chat_template(path)
     if not use_cuda():
         model = model.to("cpu")
     model.eval()
@@ -139,14 +135,15 @@ def load_model(model_name: str):
     return model, tokenizer
 
 
-def load_processor(path: Path):
-    """The folder's AutoProcessor, or None when it cannot load here (e.g. its video processor needs torchvision)."""
+def processor_chat_template(path: Path) -> str | None:
+    """The chat template an image-text folder keeps for its processor (chat_template.jinja or the
+    older chat_template.json), read by transformers' own processor-config reader."""
     try:
-        return AutoProcessor.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
-    except (OSError, ImportError, ValueError, TypeError) as error:
-        logger.info(f"The folder's AutoProcessor does not load here ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0][:160]}); the multimodal extension builds it from the folder's parts")
+        processor_dict, _ = ProcessorMixin.get_processor_dict(str(path))
+    except (OSError, ValueError) as error:
+        logger.info(f"No processor chat template in {path}: {type(error).__name__}: {str(error)[:160]}")
         return None
+    return processor_dict.get("chat_template")
 
 
 def context_length(model, default: int) -> int:
@@ -156,7 +153,7 @@ def context_length(model, default: int) -> int:
 
 
 def unload_model() -> None:
-    shared.model = shared.tokenizer = shared.processor = None
+    shared.model = shared.tokenizer = None
     shared.is_multimodal = False
     shared.model_name = "None"
     if torch.cuda.is_available():

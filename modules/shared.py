@@ -1,7 +1,7 @@
 """Process-wide state shared by the host and its extensions, under text-generation-webui's names.
 
-Holds the parsed command line (`args`), the generation settings (`settings`), the loaded model,
-tokenizer and processor, and the Gradio components (`gradio`). Importing this module reads
+Holds the parsed command line (`args`), the generation settings (`settings`), the loaded model
+and tokenizer, and the Gradio components (`gradio`). Importing this module reads
 neither `sys.argv` nor any file: `server.py` parses the real command line and loads settings.
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ DEMO_MODEL = "tiny-llava-shapes"
 
 model: Any = None
 tokenizer: Any = None
-processor: Any = None  # an AutoProcessor for image-text models, else None
 is_multimodal: bool = False  # the loaded model is an image-text model (text-generation-webui's name)
 model_name: str = "None"
 gradio: dict[str, Any] = {}

@@ -12,7 +12,7 @@ from modules import extensions, logits_processor_loader, model_settings, models,
 def snapshot() -> dict:
     return {"args": copy.deepcopy(shared.args), "settings": copy.deepcopy(shared.settings),
             "user_setting_keys": set(shared.user_setting_keys),
-            "model": (shared.model, shared.tokenizer, shared.processor, shared.model_name, shared.is_multimodal),
+            "model": (shared.model, shared.tokenizer, shared.model_name, shared.is_multimodal),
             "logits_processors": shared.logits_processors}
 
 
@@ -23,7 +23,7 @@ def restore(saved: dict) -> None:
     shared.user_setting_keys.clear()
     shared.user_setting_keys.update(saved["user_setting_keys"])
     model_settings.applied.clear()
-    shared.model, shared.tokenizer, shared.processor, shared.model_name, shared.is_multimodal = saved["model"]
+    shared.model, shared.tokenizer, shared.model_name, shared.is_multimodal = saved["model"]
     shared.logits_processors = saved["logits_processors"]
     shared.stop_everything = False
     extensions.reset()
@@ -59,3 +59,10 @@ def greedy_state(**overrides) -> dict:
 def import_fresh(module: str):
     sys.modules.pop(module, None)
     return importlib.import_module(module)
+
+
+def hf_processor():
+    """Hugging Face's own processor for the served folder, loaded as is (the reference side of a comparison)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(shared.model.config._name_or_path)

@@ -234,7 +234,7 @@ def test_chat_image_reply_equals_hugging_face_generate(llava_api):
     picture = decode_image_bytes(base64.b64decode(IMAGE_TAG_RE.fullmatch(tag).group("data")))  # the PNG as sent
     state = host_helpers.greedy_state()
     prompt = chat.generate_chat_prompt("<image>\nWhat is in the picture?", state, history=chat.new_history())
-    inputs = shared.processor(text=prompt, images=[picture], return_tensors="pt")
+    inputs = host_helpers.hf_processor()(text=prompt, images=[picture], return_tensors="pt")
     with torch.inference_mode():
         output = shared.model.generate(**inputs, max_new_tokens=10, do_sample=False,
                                        pad_token_id=shared.tokenizer.pad_token_id)

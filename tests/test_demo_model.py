@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from modules import shared
+from tests import host_helpers
 from tests.conftest import ROOT
 from tools.demo_chats import (
     COLOUR_QUESTIONS,
@@ -195,7 +196,7 @@ def test_the_host_answers_as_transformers_does(demo):
     prompt = shared.tokenizer.apply_chat_template(
         [{"role": "user", "content": ("<image>\n" * 2) + ORDER_QUESTION.format(colour="red")}],
         tokenize=False, add_generation_prompt=True)
-    inputs = shared.processor(text=prompt, images=stored, return_tensors="pt")
+    inputs = host_helpers.hf_processor()(text=prompt, images=stored, return_tensors="pt")
     with torch.inference_mode():
         out = shared.model.generate(**inputs, max_new_tokens=24, do_sample=False)
     expected = shared.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from modules import shared
-from tests import api_helpers
+from tests import api_helpers, host_helpers
 from tests.multimodal_fake_pipeline import encoded, noise_image
 
 TURNS = [("<image>\nWhat is in the picture?", 0), ("And the colour?", None), ("<image>\nAnd this one?", 1)]
@@ -23,7 +23,7 @@ TURNS = [("<image>\nWhat is in the picture?", 0), ("And the colour?", None), ("<
 def hf_reply(messages: list[dict], pictures: list[bytes], max_new_tokens: int) -> str:
     prompt = shared.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
-    inputs = shared.processor(text=prompt, images=images, return_tensors="pt")
+    inputs = host_helpers.hf_processor()(text=prompt, images=images, return_tensors="pt")
     with torch.inference_mode():
         output = shared.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                        pad_token_id=shared.tokenizer.pad_token_id)

@@ -14,6 +14,7 @@ from extensions.multimodal.image_codec import IMAGE_TAG_RE, store_image, tag_b64
 from modules import shared
 from modules.extensions import apply_extensions
 from modules.text_generation import decode, encode, generate_reply
+from tests import host_helpers
 from tests.test_llava_hf import random_image
 
 ONE = "USER: {0}\nWhat is this?\nASSISTANT:"
@@ -50,7 +51,7 @@ def test_greedy_tokens_and_first_logits_equal_hf(host, folders, kind, sizes):
     tags, images = tagged(sizes)
     template = ONE if len(sizes) == 1 else TWO
     prompt = template.format(*tags)
-    inputs = shared.processor(text=template.format(*["<image>"] * len(sizes)), images=images, return_tensors="pt")
+    inputs = host_helpers.hf_processor()(text=template.format(*["<image>"] * len(sizes)), images=images, return_tensors="pt")
 
     state = host.greedy_state(max_new_tokens=10, ban_eos_token=True)
     _, ids, embeds = apply_extensions("tokenizer", state, prompt, encode(prompt), None)

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from modules import shared
+from tests import host_helpers
 
 PROMPT_2 = "USER: <image>\nWhat is this? And <image> this?\nASSISTANT:"
 
@@ -71,7 +72,7 @@ def test_picked_from_the_loaded_model(hf_model):
 def test_embeddings_reproduce_hf_forward(hf_model, images):
     images = [random_image(w, h, seed) for seed, (w, h) in enumerate(images)]
     prompt = PROMPT_2 if len(images) == 2 else "USER: <image>\nWhat is this?\nASSISTANT:"
-    inputs = shared.processor(text=prompt, images=images, return_tensors="pt")
+    inputs = host_helpers.hf_processor()(text=prompt, images=images, return_tensors="pt")
     with torch.no_grad():
         expected = shared.model(**inputs).logits
     torch.testing.assert_close(our_logits(pipeline(), inputs["input_ids"], images), expected, atol=1e-5, rtol=1e-5)
@@ -81,7 +82,7 @@ def test_embeddings_reproduce_hf_forward(hf_model, images):
 def test_token_count_per_image_matches_the_processor(hf_model, size):
     image = random_image(*size, seed=0)
     pipe = pipeline()
-    ids = shared.processor(text="<image>", images=[image], return_tensors="pt")["input_ids"][0]
+    ids = host_helpers.hf_processor()(text="<image>", images=[image], return_tensors="pt")["input_ids"][0]
     layout = pipe.image_layout(image).ids
     assert torch.equal(layout, ids[ids == pipe.placeholder_token_id()]), "the processor's own ids for the image"
     assert pipe.embed_images([image])[0].shape[0] == layout.numel()

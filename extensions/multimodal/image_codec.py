@@ -33,6 +33,7 @@ from extensions.multimodal.defaults import DEFAULT_PARAMS
 # and two MIME types: a match can never carry markup.
 IMAGE_TAG_RE = re.compile(r'<img src="data:(?P<mime>image/(?:jpeg|png));base64,(?P<data>[A-Za-z0-9+/=]+)">')
 TAG_TEMPLATE = '<img src="data:{mime};base64,{data}">'
+DATA_URL_PREFIX = "data:image/"  # how today's text-generation-webui hands pictures over
 
 DEFAULT_MAX_PIXELS = DEFAULT_PARAMS["max_image_pixels"]
 JPEG_QUALITY = 90
@@ -86,6 +87,13 @@ def b64_to_bytes(b64: str, label: str = "the image") -> bytes:
     if not data:
         raise ImageDecodeError(f"Cannot read {label}: it holds no bytes. Send the image again.")
     return data
+
+
+def data_url_bytes(url: str, label: str = "the image") -> bytes:
+    """A `data:image/...;base64,...` URL's bytes, decoded as strictly as a tag's."""
+    if not url.startswith(DATA_URL_PREFIX) or ";base64," not in url:
+        raise ImageDecodeError(f"Cannot read {label}: expected a data:image/...;base64 URL, got {url[:40]!r}.")
+    return b64_to_bytes(url.split(",", 1)[1], label)
 
 
 def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:

@@ -3,8 +3,7 @@
 The extension runs in this repository's host and in text-generation-webui, old and current. Of the
 host it uses only `modules.shared` (`args`, `settings`, `model`, `tokenizer`, `model_name`); what
 else it needs of the model - where its inputs go, its folder and config.json, its pad ids, its
-processor - is worked out here, from the model itself. A host that offers more (this repository's
-`shared.processor`) is used where it is detected, never assumed.
+processor - is worked out here, from the model itself, so every host gets the same.
 Everything is read when called, never at import time.
 """
 from __future__ import annotations
@@ -84,11 +83,8 @@ _processor_cache: dict[int, Any] = {}
 
 
 def processor() -> Any:
-    """The model's processor: the host's own when it keeps one, else loaded from the model's folder once
-    (`processor_loading`: as is where torchvision works, else built from the checkpoint's PIL parts)."""
-    hosted = getattr(shared, "processor", None)  # this repository's host loads it with the model
-    if hosted is not None:
-        return hosted
+    """The model's processor, loaded from the model's folder once (`processor_loading`: as is where
+    torchvision works, else built from the checkpoint's PIL parts)."""
     model = require_model()
     if id(model) not in _processor_cache:
         folder = model_folder()

@@ -14,14 +14,11 @@ This module knows nothing about tokens or pipelines.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, Callable, List
 
-from extensions.multimodal.image_codec import ImageDecodeError
+from extensions.multimodal.image_codec import DATA_URL_PREFIX, ImageDecodeError, data_url_bytes
 
 MEDIA_MARKER = "<__media__>"
-DATA_URL_PREFIX = "data:image/"
 FETCH_TIMEOUT_S = 10
 FETCH_MAX_BYTES = 32 * 1024 * 1024
 
@@ -54,15 +51,6 @@ def message_image_urls(message: Any) -> List[str]:
         return []
     parts = [part for part in content if isinstance(part, dict) and part.get("type") == "image_url"]
     return [str((part.get("image_url") or {}).get("url", "")) for part in parts]
-
-
-def data_url_bytes(url: str, label: str) -> bytes:
-    if not url.startswith(DATA_URL_PREFIX) or ";base64," not in url:
-        raise ImageDecodeError(f"Cannot read {label}: expected a data:image/...;base64 URL, got {url[:40]!r}.")
-    try:
-        return base64.b64decode(url.split(",", 1)[1], validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise ImageDecodeError(f"Cannot read {label}: its base64 data is invalid ({error}).") from error
 
 
 def fetch(url: str) -> bytes:

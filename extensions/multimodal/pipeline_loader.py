@@ -15,14 +15,12 @@ traceback and skipped. This module does not construct models itself; the pipelin
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
-import importlib.util
-import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence, Tuple
 
+from extensions.multimodal.folder_packages import register_package
 from modules import shared
 from modules.logging_colors import logger
 
@@ -60,24 +58,12 @@ def find_module_dirs(roots: Sequence[Path]) -> List[Path]:
     return list(found.values())
 
 
-def register_package(name: str, directory: Path) -> None:
-    """Make `name` a package whose submodules are read from `directory` (no `__init__.py` needed)."""
-    existing = sys.modules.get(name)
-    if existing is not None and [Path(p).resolve() for p in getattr(existing, "__path__", [])] == [directory.resolve()]:
-        return  # already imported from this folder (also by a plain `import`): keep its classes
-    for module_name in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[module_name]  # a same-named folder elsewhere was loaded before
-    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    spec.submodule_search_locations = [str(directory)]
-    sys.modules[name] = importlib.util.module_from_spec(spec)
-
-
 def import_pipeline_modules(roots: Sequence[Path]) -> List[ModuleType]:
     """Import every pipeline module; one that raises is logged with its traceback and skipped."""
     modules = []
     for directory in find_module_dirs(roots):
         package = f"{PACKAGE}.{directory.name}"
-        register_package(package, directory)
+        register_package(package, [directory])
         try:
             modules.append(importlib.import_module(f"{package}.pipelines"))
         except Exception:  # third-party code: one broken module must not hide the others

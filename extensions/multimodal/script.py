@@ -52,22 +52,25 @@ def _import_as_package() -> None:
     the extension's own modules, and third-party pipeline modules (which import
     `extensions.multimodal.abstract_pipeline`), need the package name to point here.
     """
-    import importlib.machinery
-    import importlib.util
-
-    def package(name: str, locations: list[str]):
-        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = locations
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-
+    here = Path(__file__).resolve().parent
+    folder_packages = load_file_by_path("extensions.multimodal.folder_packages", here / "folder_packages.py")
     try:
         import extensions  # noqa: F401  (text-generation-webui's own extensions folder)
     except ImportError:
-        package("extensions", [])
-    for name in [m for m in sys.modules if m == "extensions.multimodal" or m.startswith("extensions.multimodal.")]:
-        del sys.modules[name]  # another copy's modules must not mix with this one's
-    package("extensions.multimodal", [str(Path(__file__).resolve().parent)])
+        folder_packages.register_package("extensions", [])
+    # Fresh: modules of another copy, or of an earlier load of this one, must not mix with these.
+    folder_packages.register_package("extensions.multimodal", [here], replace=True)
+    sys.modules["extensions.multimodal.folder_packages"] = folder_packages
     sys.modules["extensions.multimodal.script"] = sys.modules[__name__]
+
+
+def load_file_by_path(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ != "extensions.multimodal.script":
