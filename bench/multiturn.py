@@ -188,7 +188,7 @@ def rss_gb() -> float:
 
 def load_host(model_dir: Path, args, dtype: str) -> dict:
     """The model as `server.py --model DIR [--bf16]` loads it; the memory the extension adds, measured."""
-    from extensions.multimodal.pipelines.hf_auto.pipeline import VISION_PARTS
+    from extensions.multimodal.pipelines.hf_auto.transformers_pipeline import VISION_PARTS
 
     argv = ["--model", str(model_dir), "--multimodal-pipeline", "llava-hf"] + (["--cpu"] if args.device == "cpu" else [])
     shared.args = shared.parse_args(argv + (["--bf16"] if dtype == "bf16" else []))

@@ -137,36 +137,21 @@ def history_from_turns(turns: list[tuple[str, list, str]], state: dict) -> dict:
 
 def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue: bool = False,
                     loading_message: bool = True, for_ui: bool = False) -> Iterator[dict]:
-    state["notices"] = []  # this turn's: the chat_input hooks and the generation append to it
-    output = apply_extensions("history", copy.deepcopy(state["history"]))
-    returned = apply_extensions("state", state)
-    if returned is not state:  # callers read generation_stats and notices from the dict they passed
-        state.update(returned)
-    if getattr(shared.tokenizer, "chat_template", None):
-        # As text-generation-webui's instruct modes: the template writes the BOS, or the tokenizer adds
-        # its own; none is forced (Hugging Face's apply_chat_template gives the same ids).
-        state["add_bos_token"] = False
+    output = start_turn(state)
     if not (regenerate or _continue):
         text, visible_text = user_message(text, state)
         text = apply_extensions("input", text, state, is_chat=True)
         output["internal"].append([text, ""])
         output["visible"].append([visible_text, ""])
-        if loading_message:
-            yield {"visible": output["visible"][:-1] + [[visible_text, shared.processing_message]],
-                   "internal": output["internal"]}
     else:
         text, visible_text = output["internal"][-1][0], output["visible"][-1][0]
         if regenerate:
             output["internal"][-1][1] = output["visible"][-1][1] = ""
-            if loading_message:
-                yield {"visible": output["visible"][:-1] + [[visible_text, shared.processing_message]],
-                       "internal": output["internal"]}
+    if loading_message and not _continue:
+        yield {"visible": output["visible"][:-1] + [[visible_text, shared.processing_message]],
+               "internal": output["internal"]}
     last_reply = [output["internal"][-1][1], output["visible"][-1][1]] if _continue else ["", ""]
-    prompt_history = output if _continue else {k: v[:-1] for k, v in output.items()}
-    kwargs = {"_continue": _continue, "history": prompt_history}
-    prompt = apply_extensions("custom_generate_chat_prompt", text, state, **kwargs)
-    if prompt is None:
-        prompt = generate_chat_prompt(text, state, **kwargs)
+    prompt = chat_prompt(text, state, output, _continue)
     for reply in generate_reply(prompt, state, stopping_strings=get_stopping_strings(state), is_chat=True,
                                 for_ui=for_ui):
         reply = reply.lstrip(" ") if not _continue else reply
@@ -179,6 +164,28 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
     output["visible"][-1][1] = apply_extensions("output", output["visible"][-1][1], state, is_chat=True)
     output["visible"][-1][1] += notices_html(state.get("notices", []))
     yield output
+
+
+def start_turn(state: dict) -> dict:
+    """The `history` and `state` hooks for a new turn; returns the history the turn writes to."""
+    state["notices"] = []  # this turn's: the chat_input hooks and the generation append to it
+    output = apply_extensions("history", copy.deepcopy(state["history"]))
+    returned = apply_extensions("state", state)
+    if returned is not state:  # callers read generation_stats and notices from the dict they passed
+        state.update(returned)
+    if getattr(shared.tokenizer, "chat_template", None):
+        # As text-generation-webui's instruct modes: the template writes the BOS, or the tokenizer adds
+        # its own; none is forced (Hugging Face's apply_chat_template gives the same ids).
+        state["add_bos_token"] = False
+    return output
+
+
+def chat_prompt(text: str, state: dict, output: dict, _continue: bool) -> str:
+    """The prompt: an extension's `custom_generate_chat_prompt`, else the host's own."""
+    prompt_history = output if _continue else {k: v[:-1] for k, v in output.items()}
+    kwargs = {"_continue": _continue, "history": prompt_history}
+    prompt = apply_extensions("custom_generate_chat_prompt", text, state, **kwargs)
+    return prompt if prompt is not None else generate_chat_prompt(text, state, **kwargs)
 
 
 def notices_html(notices: list[str]) -> str:

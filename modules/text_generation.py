@@ -11,7 +11,8 @@
   The loaded batch-level logits processors (`shared.logits_processors`) run first on each step's
   logits, with `state['logits_processor_args']` as the request's `extra_args`; then the processors
   extensions add through `logits_processor_modifier`.
-This module knows nothing about chat history or images.
+This module knows nothing about chat history. Of images it knows only that an extension may name a
+tag pattern (`image_tag_pattern`) whose tags it leaves out of the plain ids (`text_for_plain_ids`).
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ preprocess returns; an empty value reaches the state as None.
 Errors raised while generating (ValueError for a bad image, too many images, a prompt that cannot
 fit; anything from a pipeline) become a warning toast plus a notice line under the chat; the
 history stays as it was before the message, so the next message works.
-This module renders no HTML itself (modules/html_generator.py does) and knows nothing about images.
+This module renders no HTML itself (modules/html_generator.py does). Of images it knows only that the
+history may hold tags, which it keeps out of the textbox (`strip_image_tags`); extensions handle them.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ template, processor settings):
   (`*ImageProcessorPil`, from the folder's saved image-processor config), its tokenizer, its chat
   template and processor settings, and no video processor. Images only: video needs torchvision.
 
-Why the second route is needed in transformers 5.23 (measured, see shared/notes/vlm-families.md):
+Why the second route is needed in transformers 5.23 (measured; tests/test_processor_loading.py loads each):
 `ProcessorMixin` refuses a missing video processor (its class check trips on
 `VIDEO_PROCESSOR_MAPPING._extra_content`), and Qwen2-VL/2.5-VL/3-VL, SmolVLM, InternVL and
 LLaVA-OneVision declare one whose class needs torchvision; `PixtralProcessor`'s module imports one

@@ -1,6 +1,6 @@
 """The multimodal extension's Gradio UI: an image input under the chat, and the embed-all checkbox.
 
-`create_ui(params, hijack_picture)` is called by the extension's `ui()` hook inside the host's
+`create_ui(params, hijack_picture, embeds_all)` is called by the extension's `ui()` hook inside the host's
 Gradio context. Two forms, chosen by what the host offers:
 - hosts with per-message extension inputs (this repository's: `shared.gradio['extension_inputs']`):
   a multi-file image input (upload, drag-and-drop, or paste anywhere on the page) and a preview of

@@ -1,8 +1,8 @@
 """The ids an image becomes in a prompt, as the checkpoint's own processor writes them.
 
-In: a transformers processor (see `processing.load_processor`) and PIL images. Out: per image, the
-ids its placeholder expands to: start/end markers, row breaks, tile tokens and the repeated image
-token, everything the processor writes for it. Nothing here resizes or counts by hand: the
+In: a transformers processor (`loaded_model.processor()`, loaded by `processor_loading.load_processor`)
+and PIL images. Out: per image, the ids its placeholder expands to: start/end markers, row breaks,
+tile tokens and the repeated image token, everything the processor writes for it. Nothing here resizes or counts by hand: the
 processor is run on placeholder text and its own replacement text is tokenized.
 
 Tokens per image vary with the image in most families (Qwen's dynamic resolution, Pixtral's rows,

@@ -2,7 +2,7 @@
 
 - `transformers`: Qwen2-VL, Qwen2.5-VL, Gemma 3, Mistral 3, Idefics3, SmolVLM, InternVL (hf layout),
   LLaVA-OneVision, Aya Vision, LLaVA and LLaVA-NeXT, each through its own processor, vision tower and
-  chat template (`pipeline.py`; routes per family in `routes.py`, FAMILIES.md).
+  chat template (`transformers_pipeline.py`; routes per family in `routes.py`, FAMILIES.md).
 - `llava-hf`: the same pipeline for transformers LLaVA / LLaVA-NeXT models, under its earlier name.
 Picked from the loaded model: a model this pipeline serves needs no name. Classes are imported only
 when a pipeline is built, so listing the names costs nothing.
@@ -17,7 +17,7 @@ def get_pipeline(name: str, params: dict):
     """The pipeline called `name`, or None when this module does not provide it."""
     if name not in available_pipelines:
         return None
-    from .pipeline import TransformersPipeline
+    from .transformers_pipeline import TransformersPipeline
 
     return TransformersPipeline(params, name, LLAVA_HF_TYPES if name == "llava-hf" else None)
 
@@ -28,7 +28,7 @@ def get_pipeline_from_model_name(model_name: str, params: dict):
 
     if shared.model is None:
         return None
-    from .pipeline import supports
+    from .transformers_pipeline import supports
 
     if not supports(shared.model):
         return None
