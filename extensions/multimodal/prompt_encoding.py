@@ -94,12 +94,7 @@ class PromptEncoder:
         return set(indices if self.embeds_all_images() else indices[-1:])
 
     def embeds_all_images(self) -> bool:
-        """`add_all_images_to_prompt`, or when that is unset (None) the pipeline's own choice."""
-        setting = self.params.get("add_all_images_to_prompt")
-        if setting is not None:
-            return bool(setting)
-        preferred = getattr(self.pipeline, "embeds_all_images", None)  # absent in pipelines of the original
-        return bool(preferred and preferred())
+        return embeds_all_images(self.params, self.pipeline)
 
     def several(self, parts: List[PromptPart]) -> bool:
         """Whether the prompt's pictures are laid out as several (only pipelines that say it matters)."""
@@ -143,6 +138,15 @@ class PromptEncoder:
             ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64) if first else encode_after_special(text)
             self.memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
         return ids
+
+
+def embeds_all_images(params: dict, pipeline=None) -> bool:
+    """`add_all_images_to_prompt`, or when that is unset (None) the pipeline's own choice (none: False)."""
+    setting = params.get("add_all_images_to_prompt")
+    if setting is not None:
+        return bool(setting)
+    preferred = getattr(pipeline, "embeds_all_images", None)  # absent in pipelines of the original
+    return bool(preferred and preferred())
 
 
 def encode_after_special(text: str) -> torch.Tensor:

@@ -84,7 +84,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from extensions.multimodal import loaded_model  # noqa: E402
-from extensions.multimodal import notices  # noqa: E402
+from extensions.multimodal import notices, prompt_encoding  # noqa: E402
 from extensions.multimodal.defaults import (DEFAULT_PARAMS, MESSAGE_IMAGES, MODEL_ROUTE,  # noqa: E402
                                             PROCESSOR_INPUTS, max_image_pixels)
 from extensions.multimodal.image_codec import (IMAGE_TAG_RE, ImageDecodeError, Stored,  # noqa: E402
@@ -188,8 +188,7 @@ def ui() -> None:
 def embeds_all_images() -> bool:
     """Whether every image of a prompt is embedded now (the setting, else the pipeline's choice)."""
     current = current_embedder()
-    return current.embeds_all_images() if current is not None else \
-        bool(params["add_all_images_to_prompt"])
+    return prompt_encoding.embeds_all_images(params, current.pipeline if current is not None else None)
 
 
 def embedder() -> MultimodalEmbedder:
