@@ -152,14 +152,6 @@ def context_length(model, default: int) -> int:
     return int(getattr(text_config, "max_position_embeddings", None) or default)
 
 
-def unload_model() -> None:
-    shared.model = shared.tokenizer = None
-    shared.is_multimodal = False
-    shared.model_name = "None"
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def model_device() -> torch.device:
     """Where input ids and embeddings for the loaded model go (its input embedding's device)."""
     return shared.model.get_input_embeddings().weight.device

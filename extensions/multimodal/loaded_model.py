@@ -33,6 +33,15 @@ def require_model() -> Any:
     return shared.model
 
 
+def tokenizer() -> Any:
+    return shared.tokenizer
+
+
+def identity() -> tuple:
+    """The loaded (model, tokenizer): caches of ids and rows hold for one pair only."""
+    return shared.model, shared.tokenizer
+
+
 def input_embedding() -> torch.nn.Embedding:
     return require_model().get_input_embeddings()
 

@@ -20,13 +20,13 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from extensions.multimodal import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, feature_rows, overrides
 from extensions.multimodal.image_embedding import EmbeddingCountError, ImageEmbedder, feature_positions
 from extensions.multimodal.pad_safe_ids import unmaskable
 from extensions.multimodal.pipeline_loader import load_pipeline
 from extensions.multimodal.prompt_encoding import PromptEncoder, PromptTooLongError
 from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens
-from modules import shared
 from modules.logging_colors import logger
 
 __all__ = ["MultimodalEmbedder", "Embedded", "EmbeddingCountError", "TooManyImagesError", "PromptTooLongError"]
@@ -154,7 +154,7 @@ class MultimodalEmbedder:
                                              [part.features for part in images])
 
     def _reset_caches_if_model_changed(self) -> None:
-        owner = (shared.model, shared.tokenizer)
+        owner = loaded_model.identity()
         if owner[0] is not self._owner[0] or owner[1] is not self._owner[1]:
             self.images.cache.clear()
             self.prompts.memo.clear()

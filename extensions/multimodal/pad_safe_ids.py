@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from extensions.multimodal.loaded_model import pad_token_ids
-from modules import shared
+from extensions.multimodal import loaded_model
 
 
 def image_row_id(pipeline) -> int:
     """The pipeline's placeholder id, unless it is a pad id: then the first id that is neither pad nor EOS."""
     placeholder = int(pipeline.placeholder_token_id())
-    pads = pad_token_ids()
+    pads = loaded_model.pad_token_ids()
     if placeholder not in pads:
         return placeholder
-    tokenizer = shared.tokenizer
+    tokenizer = loaded_model.tokenizer()
     candidates = [getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "bos_token_id", None)]
-    candidates += range(int(shared.model.get_input_embeddings().num_embeddings))
+    candidates += range(int(loaded_model.input_embedding().num_embeddings))
     eos = getattr(tokenizer, "eos_token_id", None)  # a prompt full of EOS would skew repetition penalties
     return next(int(i) for i in candidates if isinstance(i, int) and i not in pads and i != eos)
 

@@ -22,9 +22,8 @@ from extensions.multimodal.abstract_pipeline import ImageLayout, overrides
 from extensions.multimodal.defaults import max_image_pixels
 from extensions.multimodal.embedding_cache import BoundedLRU, tensor_nbytes
 from extensions.multimodal.image_codec import image_for_counting, image_label, tag_b64_to_image
-from extensions.multimodal.loaded_model import model_device
+from extensions.multimodal.loaded_model import model_device, tokenizer
 from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
-from modules import shared
 from modules.text_generation import encode, get_max_prompt_length
 
 MEMO_BYTES = 8 * 1024 * 1024
@@ -157,7 +156,7 @@ def encode_after_special(text: str) -> torch.Tensor:
     since the text does not start the prompt. Encoding it after a special token (the EOS: split off
     before pre-tokenization) and dropping that token's ids gives the whole prompt's ids.
     """
-    anchor = getattr(shared.tokenizer, "eos_token", None)
+    anchor = getattr(tokenizer(), "eos_token", None)
     if not anchor:
         return strip_leading_bos(encode(text, add_special_tokens=False, add_bos_token=False)[0].to(torch.int64))
     anchor_ids = encode(anchor, add_special_tokens=False, add_bos_token=False)[0]
@@ -167,7 +166,7 @@ def encode_after_special(text: str) -> torch.Tensor:
 
 
 def strip_leading_bos(ids: torch.Tensor) -> torch.Tensor:
-    bos = getattr(shared.tokenizer, "bos_token_id", None)
+    bos = getattr(tokenizer(), "bos_token_id", None)
     while bos is not None and ids.shape[0] > 0 and int(ids[0]) == bos:
         ids = ids[1:]
     return ids
