@@ -30,7 +30,7 @@ def hf_reply(history: dict, turn: int, args, chunks: list[int] | None) -> str:
     from transformers import DynamicCache
 
     prompt, images = multiturn.hf_conversation(history, turn)
-    inputs = shared.processor(text=prompt, images=images or None, return_tensors="pt").to(args.device)
+    inputs = multiturn.hf_processor()(text=prompt, images=images or None, return_tensors="pt").to(args.device)
     pixels = inputs["pixel_values"].to(shared.model.dtype)
     ids = inputs["input_ids"]
     options = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=shared.tokenizer.pad_token_id,

@@ -31,6 +31,7 @@ When bf16 tokens differ, bench/chunked_prefill.py tells whether it is the prefix
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import resource
@@ -319,7 +320,7 @@ def run_hf(args, history: dict) -> dict:
     for turn in range(len(QUESTIONS)):
         prompt, images = hf_conversation(history, turn)
         started = time.perf_counter()
-        inputs = shared.processor(text=prompt, images=images or None, return_tensors="pt").to(args.device)
+        inputs = hf_processor()(text=prompt, images=images or None, return_tensors="pt").to(args.device)
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(shared.model.dtype)
         timer = TokenTimer()
@@ -354,7 +355,7 @@ def run_limit(args, history: dict, reused: list[int]) -> list[float]:
                 cache = shared.model(inputs_embeds=embeds[:, :previous_len], use_cache=True).past_key_values
             started = time.perf_counter()
             if new_images:
-                pixels = shared.processor.image_processor(new_images, return_tensors="pt")["pixel_values"]
+                pixels = hf_processor().image_processor(new_images, return_tensors="pt")["pixel_values"]
                 shared.model.get_image_features(pixel_values=pixels.to(args.device, shared.model.dtype))
             shared.model(inputs_embeds=embeds[:, previous_len:], past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
@@ -370,9 +371,17 @@ def tag_to_image(b64: str) -> Image.Image:
 
 
 def multimodal_tags(text: str) -> list[str]:
-    from extensions.multimodal.image_codec import tag_payloads
+    from extensions.multimodal.image_codec import IMAGE_TAG_RE
 
-    return tag_payloads(text)
+    return [match.group("data") for match in IMAGE_TAG_RE.finditer(text)]
+
+
+@functools.cache
+def hf_processor():
+    """Hugging Face's own processor for the served folder (columns (a) and the limit)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(shared.model.config._name_or_path)
 
 
 def on_compute_thread(fn, *args):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+from extensions.multimodal.image_codec import IMAGE_TAG_RE
 # Imported once, with the test modules: the `host` fixture drops extension modules from sys.modules
 # after each test, and a fresh import would raise error classes the tests do not hold.
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder
@@ -163,3 +164,8 @@ def tag_of_bytes(data: bytes) -> str:
 
 def tag(image: Image.Image, fmt: str = "JPEG") -> str:
     return tag_of_bytes(encoded(image, fmt))
+
+
+def tag_payloads(text: str) -> list[str]:
+    """The base64 data of every image tag in `text`, in order."""
+    return [match.group("data") for match in IMAGE_TAG_RE.finditer(text)]

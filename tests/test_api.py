@@ -204,7 +204,7 @@ def image_message(data: bytes, text: str = "What is in the picture?") -> dict:
 def expected_image_reply(data: bytes, text: str = "What is in the picture?") -> tuple[str, dict]:
     import extensions.multimodal.script as multimodal
 
-    return expected_chat_reply(f"{multimodal.image_bytes_to_tag(data)}\n{text}")
+    return expected_chat_reply(f"{multimodal.image_to_history_tag(data)}\n{text}")
 
 
 def test_chat_with_a_data_url_image(llava_api):
@@ -230,7 +230,7 @@ def test_chat_image_reply_equals_hugging_face_generate(llava_api):
 
     data = api_helpers.image_bytes("green", "triangle")
     result = llava_api.client().chat.completions.create(messages=[image_message(data)], **GREEDY)
-    tag = multimodal.image_bytes_to_tag(data)
+    tag = multimodal.image_to_history_tag(data)
     picture = decode_image_bytes(base64.b64decode(IMAGE_TAG_RE.fullmatch(tag).group("data")))  # the PNG as sent
     state = host_helpers.greedy_state()
     prompt = chat.generate_chat_prompt("<image>\nWhat is in the picture?", state, history=chat.new_history())
@@ -268,7 +268,7 @@ def test_legacy_message_image_url_field(llava_api):
 def test_completions_with_an_img_tag(llava_api):
     import extensions.multimodal.script as multimodal
 
-    tag = multimodal.image_bytes_to_tag(api_helpers.image_bytes("red", "circle"))
+    tag = multimodal.image_to_history_tag(api_helpers.image_bytes("red", "circle"))
     assert re.fullmatch(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]+">', tag)  # a PNG, kept as sent
     prompt = f"USER: {tag}\nWhat is in the picture?\nASSISTANT:"
     client = llava_api.client()
@@ -294,7 +294,7 @@ def test_undecodable_image_is_400(llava_api):
 def test_images_lost_to_truncation_come_with_a_warning(llava_api, caplog):
     import extensions.multimodal.script as multimodal
 
-    first, second = (multimodal.image_bytes_to_tag(api_helpers.image_bytes(c)) for c in ("red", "blue"))
+    first, second = (multimodal.image_to_history_tag(api_helpers.image_bytes(c)) for c in ("red", "blue"))
     body = {"prompt": f"{first}\n{second}\nWhat is this?", "model": "any", "temperature": 0, "max_tokens": 4}
     fits = llava_api.post("/completions", json=body)
     assert fits.status_code == 200 and "warnings" not in fits.json(), "both images fit"

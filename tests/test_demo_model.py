@@ -22,7 +22,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from modules import shared
 from tests import host_helpers
 from tests.conftest import ROOT
-from tools.demo_chats import (
+from tools.demo_model.chats import (
     COLOUR_QUESTIONS,
     COUNT_QUESTIONS,
     DESCRIBE_QUESTIONS,
@@ -36,8 +36,8 @@ from tools.demo_chats import (
     single_image_turn,
     two_image_turn,
 )
-from tools.demo_pictures import picture, random_scene
-from tools.eval_demo_model import chat_turn, new_history
+from tools.demo_model.eval import chat_turn, new_history
+from tools.demo_model.pictures import picture, random_scene
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
@@ -188,7 +188,8 @@ def test_add_all_images_on_and_off_answers_are_about_the_newest_image(host, add_
 
 def test_the_host_answers_as_transformers_does(demo):
     """Greedy replies through the host equal `generate(**processor(text, images))` on the same stored pictures."""
-    from extensions.multimodal.image_codec import tag_b64_to_image, tag_payloads
+    from extensions.multimodal.image_codec import tag_b64_to_image
+    from tests.multimodal_fake_pipeline import tag_payloads
 
     red, blue = one_shape("red", "star", 71), one_shape("blue", "circle", 72)
     reply, history = chat_turn(ORDER_QUESTION.format(colour="red"), new_history(), [blue, red])
@@ -207,7 +208,7 @@ def test_the_host_answers_as_transformers_does(demo):
 
 def test_eval_script_measures_through_the_host():
     """A few fresh questions per kind; the last line is the JSON of accuracies."""
-    result = subprocess.run([sys.executable, "tools/eval_demo_model.py", "--n", "10", "--kinds", "shape", "colour",
+    result = subprocess.run([sys.executable, "-m", "tools.demo_model.eval", "--n", "10", "--kinds", "shape", "colour",
                              "count", "order", "--threads", "1"], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -218,7 +219,7 @@ def test_eval_script_measures_through_the_host():
 
 def test_eval_script_draws_with_the_independent_renderer():
     """`--renderer independent`: pictures from tools/eval_pictures.py, through the same host path."""
-    result = subprocess.run([sys.executable, "tools/eval_demo_model.py", "--renderer", "independent", "--n", "10",
+    result = subprocess.run([sys.executable, "-m", "tools.demo_model.eval", "--renderer", "independent", "--n", "10",
                              "--kinds", "colour", "order", "yesno", "--threads", "1"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -228,12 +229,12 @@ def test_eval_script_draws_with_the_independent_renderer():
 
 
 def test_training_script_smoke_run_saves_a_loadable_model(tmp_path):
-    from tools import train_demo_model
+    from tools.demo_model import train
 
     out = tmp_path / "demo"
-    trained = train_demo_model.main(["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2",
-                                     "--steps", "3", "--vision-batch-size", "4", "--batch-size", "4",
-                                     "--check-n", "2", "--threads", "1", "--out", str(out)])
+    trained = train.main(["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2",
+                          "--steps", "3", "--vision-batch-size", "4", "--batch-size", "4",
+                          "--check-n", "2", "--threads", "1", "--out", str(out)])
     model = AutoModelForImageTextToText.from_pretrained(out)
     processor = AutoProcessor.from_pretrained(out)
     rng = random.Random(0)

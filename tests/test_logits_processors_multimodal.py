@@ -56,7 +56,7 @@ def reply(prompt: str, **overrides) -> str:
 
 def image_prompt() -> str:
     script = sys.modules["extensions.multimodal.script"]
-    return script.image_bytes_to_tag(api_helpers.image_bytes("red", "circle")) + "\nUSER: What is it?\nASSISTANT:"
+    return script.image_to_history_tag(api_helpers.image_bytes("red", "circle")) + "\nUSER: What is it?\nASSISTANT:"
 
 
 def test_without_the_extension_the_boost_makes_the_placeholder_win(host, llava_dir):

@@ -18,8 +18,7 @@ from PIL import Image
 from modules import chat, extensions, shared
 from modules.text_generation import decode, generate_reply
 from tests.conftest import ROOT
-from extensions.multimodal.image_codec import tag_payloads
-from tests.multimodal_fake_pipeline import encoded, noise_image, tag
+from tests.multimodal_fake_pipeline import encoded, noise_image, tag, tag_payloads
 
 PIPELINE_DIRS = str(ROOT / "tests" / "multimodal_pipelines")
 
@@ -129,7 +128,7 @@ def test_settings_override_params(host, llama_dir):
 def test_pictures_are_kept_exactly_unless_the_jpeg_history_format_caps_them(host, llama_dir):
     sent = encoded(noise_image(1, (200, 100)), "PNG")
     script = load_multimodal(host, llama_dir)
-    assert base64.b64decode(script.IMAGE_TAG_RE.fullmatch(script.image_bytes_to_tag(sent)).group("data")) == sent
+    assert base64.b64decode(script.IMAGE_TAG_RE.fullmatch(script.image_to_history_tag(sent)).group("data")) == sent
     script.params["history_image_format"] = "jpeg"
     state = {}
     text = script.history_tags([sent], state)[0]

@@ -32,8 +32,8 @@ def ask(host, history, text, reuse, **kw):
 
 
 def run(host, reuse: bool, first_colour: str, second_colour: str, edit_first_to: str | None = None) -> list[dict]:
-    tag1 = script().image_bytes_to_tag(png(first_colour))
-    tag2 = script().image_bytes_to_tag(png(second_colour))
+    tag1 = script().image_to_history_tag(png(first_colour))
+    tag2 = script().image_to_history_tag(png(second_colour))
     out = []
     history = ask(host, chat.new_history(), f"{tag1}What is this?", reuse)
     out.append(history)
@@ -48,7 +48,7 @@ def run(host, reuse: bool, first_colour: str, second_colour: str, edit_first_to:
     out.append(history)
     if edit_first_to is not None:
         edited = {k: [list(t) for t in v] for k, v in history.items()}
-        new_tag = script().image_bytes_to_tag(png(edit_first_to))
+        new_tag = script().image_to_history_tag(png(edit_first_to))
         edited["internal"][0][0] = edited["visible"][0][0] = f"{new_tag}What is this?"
         out.append(ask(host, edited, "Again?", reuse))
     return out
@@ -64,8 +64,8 @@ def test_reuse_equals_fresh_runs_with_images(llava):
 
 def test_a_changed_image_of_the_same_size_is_never_reused(llava):
     """Same placeholder ids, same size, different pixels: the prefix must stop at the image."""
-    tag_a = script().image_bytes_to_tag(png((250, 0, 0)))
-    tag_b = script().image_bytes_to_tag(png((0, 0, 250)))
+    tag_a = script().image_to_history_tag(png((250, 0, 0)))
+    tag_b = script().image_to_history_tag(png((0, 0, 250)))
     ask(llava, chat.new_history(), f"Look: {tag_a} what colour?", True)
     prefix_cache.stats.update(reused_tokens=0)
     with_reuse = ask(llava, chat.new_history(), f"Look: {tag_b} what colour?", True)

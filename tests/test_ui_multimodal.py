@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from modules import chat, shared, ui_chat
-from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_payloads
+from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from tests.multimodal_fake_pipeline import tag_payloads
 
 
 @pytest.fixture

@@ -60,11 +60,6 @@ def make_tag(data: bytes, mime: str = "image/jpeg") -> str:
     return TAG_TEMPLATE.format(mime=mime, data=base64.b64encode(data).decode("ascii"))
 
 
-def tag_payloads(text: str) -> list[str]:
-    """The base64 data of every image tag in `text`, in order."""
-    return [match.group("data") for match in IMAGE_TAG_RE.finditer(text)]
-
-
 def ordinal(n: int) -> str:
     """1 -> '1st', 2 -> '2nd', 11 -> '11th', 23 -> '23rd'."""
     if 10 <= n % 100 <= 20:

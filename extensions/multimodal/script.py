@@ -36,7 +36,7 @@ Hooks, in the order the host calls them:
 - `image_tag_pattern()`, `image_placeholder()` (this repository's host only): the tag's regex, so its chat
   renders the pictures; the text the chat template writes for an image part, where the host's
   structured rendering puts each tag.
-`image_bytes_to_tag(data)` turns image bytes into the history's tag.
+`image_to_history_tag(picture)` turns a picture (bytes, a path, a PIL image) into the history's tag.
 Settings `multimodal-<key>` override `params[key]` before `setup()`.
 """
 from __future__ import annotations
@@ -234,13 +234,9 @@ def store(picture: Any, label: str = "the image") -> Stored:
 
 
 def image_to_history_tag(picture: Any, label: str = "the image") -> str:
+    """A picture (as `store` takes it) -> the history's tag: `<img src="data:image/jpeg;base64,...">` for
+    a JPEG, `image/png` for anything else (stored losslessly)."""
     return store(picture, label).tag
-
-
-def image_bytes_to_tag(data: bytes, label: str = "the image") -> str:
-    """Image bytes -> the history's tag: `<img src="data:image/jpeg;base64,...">` for a JPEG,
-    `image/png` for anything else (stored losslessly)."""
-    return store(data, label).tag
 
 
 def history_tags(pictures: list, state: Optional[dict], label_of=lambda i, n: "the image") -> list[str]:
