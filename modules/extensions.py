@@ -1,10 +1,11 @@
 """Loading extensions and calling their hooks, with text-generation-webui's names and semantics.
 
-An extension is `extensions/NAME/script.py`. `load_extensions()` imports each name in
-`shared.args.extensions`, applies `NAME-param` settings to its `params`, and calls `setup()`.
+An extension is `extensions/NAME/script.py`. `load_extensions()` imports each name in the
+`default_extensions` setting, then in `shared.args.extensions`, applies `NAME-param` settings to
+its `params`, and calls `setup()`.
 An extension that raises while loading is logged with its traceback and skipped.
 `apply_extensions(typ, ...)` runs one kind of hook over the loaded extensions in load order;
-`extensions/example/script.py` documents every hook in call order.
+`extensions/example/script.py` documents every hook in call order, this host's own two included.
 """
 from __future__ import annotations
 

@@ -70,5 +70,5 @@ def apply(model_name: str) -> dict[str, Any]:
         applied[key] = shared.settings.get(key, ABSENT)
         shared.settings[key] = value
     if chosen:
-        logger.info(f"Settings for {model_name} from models/config.yaml: {chosen}")
+        logger.info(f"Settings for {model_name} from the models folders' config files: {chosen}")
     return chosen

@@ -19,6 +19,7 @@ DEMO_MODEL = "tiny-llava-shapes"
 
 model: Any = None
 tokenizer: Any = None
+NO_MODEL_MESSAGE = "No model is loaded: start the server with --model NAME (see models/README.md)."
 is_multimodal: bool = False  # the loaded model is an image-text model (text-generation-webui's name)
 model_name: str = "None"
 gradio: dict[str, Any] = {}

@@ -295,7 +295,7 @@ def generate_reply(question: str, state: dict, stopping_strings: list[str] | Non
 
 def _generate_reply(question: str, state: dict, stopping_strings: list[str] | None, is_chat: bool) -> Iterator[str]:
     if shared.model is None:
-        raise RuntimeError("No model is loaded: start the server with --model NAME (see models/README.md).")
+        raise RuntimeError(shared.NO_MODEL_MESSAGE)
     state["seed"] = set_seed(state.get("seed", -1))
     original_question = question
     if not is_chat:

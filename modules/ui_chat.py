@@ -68,7 +68,7 @@ def has_input(text: str, extension_values: tuple) -> bool:
 def generate(text: str, history: dict, *values, regenerate: bool = False) -> Iterator[tuple[str, dict]]:
     """Streams (display html, history) pairs; an error ends it with a notice and the history unchanged."""
     if shared.model is None:
-        gr.Warning("No model is loaded: start the server with --model NAME (see models/README.md).")
+        gr.Warning(shared.NO_MODEL_MESSAGE)
         yield chat_html_wrapper(history), history
         return
     if not regenerate and not has_input(text, values[len(PARAMETER_KEYS):]):

@@ -32,8 +32,12 @@ Each chat turn (`modules.chat.generate_chat_reply`, the same for the UI and `/v1
      return `input_embeds` [1, n, hidden] to make the model generate from embeddings;
  10. `logits_processor_modifier(processor_list, input_ids)` -> append LogitsProcessors;
  11. `output_modifier(string, state, is_chat)` on the finished reply.
+Asked whenever the host measures a prompt: `custom_tokenized_length(prompt)` -> its length in
+tokens, or None to let the host count.
 This host only: `image_tag_pattern()` -> a compiled regex with groups `mime` and `data` for the
 image tags the extension writes into messages; the chat renders each match as a picture.
+`image_placeholder()` -> the text the model's chat template writes for an image part (or None); the
+host renders structured chat messages with each image tag there.
 """
 from __future__ import annotations
 

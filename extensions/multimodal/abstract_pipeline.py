@@ -163,8 +163,9 @@ class AbstractMultimodalPipeline(ABC):
 def overrides(pipeline, method_name: str) -> bool:
     """Whether `pipeline` implements an optional capability itself, not this class's default.
 
-    The defaults only restate `num_image_embeds()`; the embedder skips work (decoding a picture to
-    lay it out, a route) for pipelines that keep them. Compared by name: tests reload modules.
+    The layout defaults only restate `num_image_embeds()` and `generate_kwargs`' gives None: the
+    prompt encoder and the embedder skip work (decoding a picture to lay it out, a route) for
+    pipelines that keep them. Compared by name: tests reload modules.
     """
     method = getattr(type(pipeline), method_name, None)
     default = getattr(AbstractMultimodalPipeline, method_name)

@@ -7,7 +7,7 @@
 - `BoundedLRU`: least-recently-used eviction once the stored values exceed `max_bytes`;
   `max_bytes=0` disables it. Values are stored as given: callers must not modify them. It is
   thread-safe: chat prompts are measured outside the generation lock, by several sessions at once.
-This module does not decide what to embed; `multimodal_embedder` does.
+This module does not decide what to embed (`prompt_encoding` does) nor embed (`image_embedding` does).
 """
 from __future__ import annotations
 

@@ -7,13 +7,14 @@ key is the picture's bytes plus everything else that changes its rows (`pipeline
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 from extensions.multimodal.abstract_pipeline import feature_rows
 from extensions.multimodal.defaults import max_image_pixels, with_defaults
-from extensions.multimodal.embedding_cache import BoundedLRU, image_cache_key, megabytes, pipeline_context, tensor_nbytes
+from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
+                                                   tensor_nbytes)
 from extensions.multimodal.image_codec import b64_to_bytes, decode_image_bytes, image_label
 from extensions.multimodal.prompt_parts import PromptPart
 
@@ -33,24 +34,27 @@ class ImageEmbedder:
         if not parts:
             return 0
         context = pipeline_context(self.pipeline, self.params) + ("|one of several" if several else "")
-        keys = [image_cache_key(image_bytes(part), context) for part in parts]
+        data = [image_bytes(part) for part in parts]
+        keys = [image_cache_key(one, context) for one in data]
         found: Dict[str, torch.Tensor] = {}
         for key in dict.fromkeys(keys):
             cached = self.cache.get(key)
             if cached is not None:
                 found[key] = cached
         from_cache = sum(1 for key in keys if key in found)
-        misses = {key: part for key, part in zip(keys, parts) if key not in found}  # one per distinct image
+        # One per distinct image: its part and its bytes.
+        misses = {key: (part, one) for key, part, one in zip(keys, parts, data) if key not in found}
         if misses:
             found.update(self.embed_misses(misses, several))
         for key, part in zip(keys, parts):
             part.features, part.embedding = found[key], feature_rows(found[key])
         return from_cache
 
-    def embed_misses(self, misses: Dict[str, PromptPart], several: bool) -> Dict[str, torch.Tensor]:
-        parts = list(misses.values())
-        images = [decode_image_bytes(image_bytes(part), max_image_pixels(self.params), image_label(part.index))
-                  for part in parts]
+    def embed_misses(self, misses: Dict[str, Tuple[PromptPart, bytes]], several: bool) -> Dict[str, torch.Tensor]:
+        """`misses`: per cache key, the image part and its bytes."""
+        parts = [part for part, _ in misses.values()]
+        images = [decode_image_bytes(data, max_image_pixels(self.params), image_label(part.index))
+                  for part, data in misses.values()]
         output = self.pipeline.embed_images(images, several=True) if several else self.pipeline.embed_images(images)
         counts = [int(feature_positions(part, self.pipeline).sum()) for part in parts]
         fresh = dict(zip(misses, split_image_rows(output, counts, self.pipeline.name())))

@@ -12,8 +12,7 @@ Run it with text-generation-webui's Python (e.g. `installer_files/env/bin/python
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
+import importlib
 import runpy
 import sys
 from pathlib import Path
@@ -24,9 +23,9 @@ PACKAGE = "_multimodal_launch_hf_auto"  # a private name: the extension later im
 
 def register() -> list[str]:
     """`hf_auto/auto_classes.py`, imported without the extension (no `modules.*` before server.py runs)."""
-    spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
-    spec.submodule_search_locations = [str(HF_AUTO)]
-    sys.modules[PACKAGE] = importlib.util.module_from_spec(spec)
+    import folder_packages  # this file's folder is sys.path[0] while it runs as a script
+
+    folder_packages.register_package(PACKAGE, [HF_AUTO])
     auto_classes = importlib.import_module(f"{PACKAGE}.auto_classes")
     return auto_classes.register_image_text_classes()
 

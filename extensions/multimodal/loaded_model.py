@@ -1,7 +1,7 @@
 """The loaded language model as the extension sees it, through names every host has.
 
 The extension runs in this repository's host and in text-generation-webui, old and current. Of the
-host it uses only `modules.shared` (`args`, `settings`, `model`, `tokenizer`, `model_name`); what
+host it uses only `modules.shared` (`args`, `model`, `tokenizer`, `model_name`); what
 else it needs of the model - where its inputs go, its folder and config.json, its pad ids, its
 processor - is worked out here, from the model itself, so every host gets the same.
 Everything is read when called, never at import time.

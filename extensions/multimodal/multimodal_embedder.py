@@ -66,7 +66,8 @@ class MultimodalEmbedder:
         self._warned_placeholder_rows = False
 
     def len_in_tokens(self, prompt: str) -> int:
-        """The prompt's length in tokens, images included; decodes no image pixels."""
+        """The prompt's length in tokens, images included (a picture is decoded only where the pipeline
+        lays it out from its pixels: see `prompt_encoding`)."""
         self._reset_caches_if_model_changed()
         return self.prompts.measure(prompt)
 
@@ -95,11 +96,11 @@ class MultimodalEmbedder:
 
     def _older_images_as_placeholders(self, parts: List[PromptPart]) -> None:
         """Every image but the last gets placeholder embeddings, unless every image is embedded."""
-        older = [part for part in parts if part.is_image][:-1]
-        if self.embeds_all_images() or not older:
+        embedded = self.prompts.images_to_embed(parts)
+        older = [part for part in parts if part.is_image and part.index not in embedded]
+        if not older:
             return
-        rows = self.pipeline.placeholder_embeddings()
-        rows = rows[0] if rows.dim() == 3 and rows.shape[0] == 1 else rows  # (rows, hidden)
+        rows = as_rows(self.pipeline.placeholder_embeddings())
         for part in older:
             if n_tokens(part) != rows.shape[0]:
                 self._warn_placeholder_rows(n_tokens(part), rows.shape[0])
@@ -141,8 +142,7 @@ class MultimodalEmbedder:
         """`(n_tokens, hidden)` per part, by id(part)."""
         if not parts:
             return {}
-        rows = self.pipeline.embed_tokens(torch.cat([part.input_ids for part in parts]))
-        rows = rows[0] if rows.dim() == 3 and rows.shape[0] == 1 else rows  # (tokens, hidden)
+        rows = as_rows(self.pipeline.embed_tokens(torch.cat([part.input_ids for part in parts])))
         return {id(part): embedding for part, embedding in zip(parts, torch.split(rows, [n_tokens(p) for p in parts]))}
 
     def _route(self, parts: List[PromptPart], input_ids: torch.Tensor, inputs_embeds: torch.Tensor):
@@ -159,6 +159,11 @@ class MultimodalEmbedder:
             self.images.cache.clear()
             self.prompts.memo.clear()
             self._owner = owner
+
+
+def as_rows(embeddings: torch.Tensor) -> torch.Tensor:
+    """`(rows, hidden)`, from a pipeline's `(rows, hidden)` or `(1, rows, hidden)`."""
+    return embeddings[0] if embeddings.dim() == 3 and embeddings.shape[0] == 1 else embeddings
 
 
 def stitch(parts: List[PromptPart], pipeline_name: str):

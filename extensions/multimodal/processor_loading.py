@@ -1,5 +1,5 @@
-"""A checkpoint's own processor, with or without torchvision (`loaded_model.processor()` uses it when
-the host keeps no processor of its own).
+"""A checkpoint's own processor, with or without torchvision (`loaded_model.processor()` loads it
+once per model, in every host).
 
 `load_processor(folder)` returns the processor the checkpoint ships (tokenizer, image processor, chat
 template, processor settings):

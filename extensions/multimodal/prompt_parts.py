@@ -4,7 +4,7 @@
 `['text1<Img>', <image1>, '</Img>text2<Img>', <image2>, '</Img>text3']`. A split always starts and
 ends with a text part (possibly empty) and never puts two images next to each other.
 `truncate_parts` drops whole leading parts and whole images, never part of an image.
-These functions know nothing about tokenizers, models or pixels: ids are attached by the embedder.
+These functions know nothing about tokenizers, models or pixels: `prompt_encoding` attaches the ids.
 """
 from __future__ import annotations
 

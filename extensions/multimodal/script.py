@@ -4,7 +4,8 @@ It runs unchanged in this repository's host and in text-generation-webui, old (t
 shipped the original extension) and current (whose Transformers loader has no vision), from
 `extensions/multimodal/` or, in the current one, `user_data/extensions/multimodal/`. Of the host it
 uses only names every one of them has (`modules.shared`, `modules.text_generation.encode` /
-`get_max_prompt_length`, `modules.logging_colors.logger`); anything more is feature-detected.
+`get_max_prompt_length`, `modules.logging_colors.logger`), and on the processor route, which only
+today's text-generation-webui takes, its `generate_reply_HF`; anything more is feature-detected.
 
 Hooks, in the order the host calls them:
 - `setup()`: lets the host's `AutoModelForCausalLM` load image-text checkpoints as their full class
@@ -128,9 +129,15 @@ def current_embedder() -> Optional[MultimodalEmbedder]:
     return multimodal_embedder if fresh else None
 
 
-def current_placeholder_ids() -> list[int]:
+def current_pipeline():
+    """The current embedder's pipeline, or None (see `current_embedder`)."""
     current = current_embedder()
-    return placeholder_ids(current.pipeline) if current is not None else []
+    return current.pipeline if current is not None else None
+
+
+def current_placeholder_ids() -> list[int]:
+    pipeline = current_pipeline()
+    return placeholder_ids(pipeline) if pipeline is not None else []
 
 
 # Batch-level logits processor classes; the host constructs them after setup() (other hosts ignore this).
@@ -187,8 +194,7 @@ def ui() -> None:
 
 def embeds_all_images() -> bool:
     """Whether every image of a prompt is embedded now (the setting, else the pipeline's choice)."""
-    current = current_embedder()
-    return prompt_encoding.embeds_all_images(params, current.pipeline if current is not None else None)
+    return prompt_encoding.embeds_all_images(params, current_pipeline())
 
 
 def embedder() -> MultimodalEmbedder:
@@ -206,8 +212,7 @@ def embedder() -> MultimodalEmbedder:
 
 def history_max_side() -> int:
     """The longest side the `jpeg` history format keeps: the pipeline's preference, else a default."""
-    current = current_embedder()
-    pipeline = current.pipeline if current is not None else None
+    pipeline = current_pipeline()
     preferred = pipeline.preferred_image_size() if hasattr(pipeline, "preferred_image_size") else None
     return int(preferred) if preferred else DEFAULT_HISTORY_MAX_SIDE
 
@@ -367,15 +372,13 @@ def image_tag_pattern():
 def image_placeholder():
     """The text the model's chat template writes for an image part, where the host puts each image's tag
     when it renders structured chat messages (this repository's host); None when the pipeline names none."""
-    current = current_embedder()
-    pipeline = current.pipeline if current is not None else None
-    placeholder = getattr(pipeline, "chat_template_placeholder", None)
+    placeholder = getattr(current_pipeline(), "chat_template_placeholder", None)
     return placeholder() if placeholder is not None else None
 
 
 def logits_processor_modifier(processor_list, input_ids):
     """text-generation-webui's hook: ban the image placeholder ids where `PlaceholderBan` cannot run."""
-    current = current_embedder()
-    if PlaceholderBan is None and current is not None:
-        processor_list.append(HFPlaceholderBan(placeholder_ids(current.pipeline)))
+    pipeline = current_pipeline()
+    if PlaceholderBan is None and pipeline is not None:
+        processor_list.append(HFPlaceholderBan(placeholder_ids(pipeline)))
     return processor_list

@@ -77,8 +77,7 @@ def model_card() -> dict:
 
 def require_model() -> None:
     if shared.model is None:
-        raise APIError(503, "No model is loaded: start the server with --model NAME (see models/README.md)",
-                       code="model_not_loaded")
+        raise APIError(503, shared.NO_MODEL_MESSAGE, code="model_not_loaded")
 
 
 def single_prompt(prompt: str | list[str]) -> str:

@@ -1,7 +1,7 @@
 """The built-in pipeline module for transformers image-text checkpoints (`AutoModelForImageTextToText`).
 
-- `transformers`: Qwen2-VL, Qwen2.5-VL, Gemma 3, Mistral 3, Idefics3, SmolVLM, InternVL (hf layout),
-  LLaVA-OneVision, Aya Vision, LLaVA and LLaVA-NeXT, each through its own processor, vision tower and
+- `transformers`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Mistral 3, Idefics3, SmolVLM, InternVL (hf
+  layout), LLaVA-OneVision, Aya Vision, Mllama, LLaVA and LLaVA-NeXT, each through its own processor, vision tower and
   chat template (`transformers_pipeline.py`; routes per family in `routes.py`, FAMILIES.md).
 - `llava-hf`: the same pipeline for transformers LLaVA / LLaVA-NeXT models, under its earlier name.
 Picked from the loaded model: a model this pipeline serves needs no name. Classes are imported only

@@ -1,5 +1,5 @@
-"""What the original LLaVA pipelines (`original.py`) need of the loaded model: its embedding, placement,
-folder and config.
+"""What the original LLaVA pipelines (`original.py`) need of the loaded model: its embedding, placement
+and config.
 
 Everything here looks at `shared.model` when called, never at import time; the model itself is
 read through `extensions/multimodal/loaded_model.py` (names every host has).
