@@ -46,6 +46,18 @@ def input_embedding() -> torch.nn.Embedding:
     return require_model().get_input_embeddings()
 
 
+def embed_tokens(input_ids: torch.Tensor) -> torch.Tensor:
+    """Token embeddings from the LM's own input embedding: `(..., hidden)` on the LM's device."""
+    embedding = input_embedding()
+    with torch.inference_mode():
+        return embedding(input_ids.to(embedding.weight.device))
+
+
+def placed(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` on `device`; floating-point tensors in `dtype` too (ids and grids keep theirs)."""
+    return tensor.to(device, dtype) if tensor.is_floating_point() else tensor.to(device)
+
+
 def placement() -> tuple[torch.device, torch.dtype]:
     """Where, and in what dtype, the model takes input embeddings."""
     weight = input_embedding().weight

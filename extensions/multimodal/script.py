@@ -356,8 +356,7 @@ def processor_route_ids(tagged: str, state: dict) -> torch.Tensor:
     """The processor's ids for `tagged`; its other tensors go to `state[PROCESSOR_INPUTS]` for generate()."""
     inputs = route_inputs(tagged, add_bos=bool(state.get("add_bos_token", False)))
     device, dtype = loaded_model.placement()
-    tensors = {key: value.to(device, dtype) if value.is_floating_point() else value.to(device)
-               for key, value in inputs.items()}
+    tensors = {key: loaded_model.placed(value, device, dtype) for key, value in inputs.items()}
     ids = tensors.pop("input_ids")
     state[PROCESSOR_INPUTS] = tensors
     logger.info(f"Multimodal: {ids.shape[-1]} prompt tokens through {type(loaded_model.processor()).__name__}")

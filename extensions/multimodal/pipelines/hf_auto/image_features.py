@@ -19,6 +19,8 @@ from typing import Sequence
 import torch
 from PIL import Image
 
+from extensions.multimodal import loaded_model
+
 from .image_tokens import ProcessedImages, image_token_id, process_images
 
 
@@ -35,7 +37,7 @@ def tower_inputs(model, processed: ProcessedImages) -> dict[str, torch.Tensor]:
     for name, value in processed.inputs.items():
         if name not in accepted or not isinstance(value, torch.Tensor):
             continue
-        inputs[name] = value.to(device, dtype) if value.is_floating_point() else value.to(device)
+        inputs[name] = loaded_model.placed(value, device, dtype)
     if "pixel_values" not in inputs:
         raise ValueError(f"the processor gave no pixel_values for {type(model).__name__} (got {list(processed.inputs)})")
     return inputs

@@ -117,9 +117,7 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         return self.tokens_per_image
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embedding = self.model.get_input_embeddings()
-        with torch.inference_mode():
-            return embedding(input_ids.to(embedding.weight.device))
+        return loaded_model.embed_tokens(input_ids)
 
     def placeholder_embeddings(self) -> torch.Tensor:
         return self.embed_tokens(torch.full((self.tokens_per_image,), self.image_id, dtype=torch.long))

@@ -17,8 +17,15 @@ from extensions.multimodal.defaults import with_defaults
 from modules import shared
 from modules.logging_colors import logger
 
-from . import common, weights
+from . import weights
 from .specs import LlavaSpec
+
+
+def device_or_model(value: str | None) -> torch.device:
+    """A `*_device` param: the named device, else the LM's own. (The base class helper would pick
+    cuda:0 whenever CUDA exists, even when the host runs the model on the CPU with --cpu.)"""
+    return torch.device(value) if value is not None else loaded_model.placement()[0]
+
 
 PROJECTOR_KEYS = {
     "linear": {"weight", "bias"},
@@ -63,12 +70,12 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
     def __init__(self, spec: LlavaSpec, params: dict):
         params = with_defaults(params)
         self.spec = spec
-        self.vision_device = common.device_or_model(params["vision_device"])
+        self.vision_device = device_or_model(params["vision_device"])
         self.vision_dtype = self._dtype_or_model("vision_bits", params, self.vision_device)
-        self.projector_device = common.device_or_model(params["projector_device"])
+        self.projector_device = device_or_model(params["projector_device"])
         self.projector_dtype = self._dtype_or_model("projector_bits", params, self.projector_device)
         folder = loaded_model.model_folder()
-        self.vision_source = weights.vision_source(spec, common.model_config_dict(), params["vision_tower"])
+        self.vision_source = weights.vision_source(spec, loaded_model.config_dict(), params["vision_tower"])
         logger.info(f"{spec.name}: CLIP from {self.vision_source} ({self.vision_dtype}, {self.vision_device})")
         self.vision_tower, self.image_processor = weights.load_vision_tower(
             spec, self.vision_source, self.vision_dtype, self.vision_device)
@@ -84,7 +91,7 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
     def _dtype_or_model(self, setting_name: str, params: dict, device: torch.device) -> torch.dtype:
         """A `*_bits` param as a dtype (16 on the CPU: bfloat16); None means the LM's own dtype."""
         if params[setting_name] is None:
-            return common.model_placement()[1]
+            return loaded_model.placement()[1]
         return self._get_dtype(setting_name, params, device)
 
     def _check_shapes(self) -> None:
@@ -125,12 +132,12 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
 
     @staticmethod
     def embed_tokens(input_ids: torch.Tensor) -> torch.Tensor:
-        return common.embed_tokens(input_ids)
+        return loaded_model.embed_tokens(input_ids)
 
     def placeholder_embeddings(self) -> torch.Tensor:
         """`(tokens_per_image, hidden)`: the placeholder token's embedding repeated."""
         ids = torch.full((self.tokens_per_image,), self.placeholder_id, dtype=torch.long)
-        return common.embed_tokens(ids)
+        return loaded_model.embed_tokens(ids)
 
     def preprocess(self, images: List[Image.Image]) -> torch.Tensor:
         """`(num_images, 3, size, size)` pixel values in the tower's dtype, on its device."""
@@ -149,7 +156,7 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
             hidden = self.vision_tower(pixels, output_hidden_states=True).hidden_states[self.spec.feature_layer]
             features = hidden[:, 1:]  # (num_images, tokens_per_image, vision_hidden): CLS dropped
             embeds = self.projector(features.to(self.projector_device, self.projector_dtype))
-        return common.to_model(embeds)
+        return embeds.to(*loaded_model.placement())
 
     # -- Optional capabilities ------------------------------------------------------------------
 
