@@ -2,7 +2,7 @@
 answers, each the one that request gets alone, naming its own picture's colour and shape (no
 request lost, no answer swapped).
 
-Skipped only while `models/tiny-llava-shapes/` has not been trained yet (tools/train_demo_model.py).
+Skipped only while `models/tiny-llava-shapes/` has not been trained yet (python -m tools.demo_model.train).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
-                                reason=f"{DEMO_DIR} is absent: run python tools/train_demo_model.py")
+                                reason=f"{DEMO_DIR} is absent: run python -m tools.demo_model.train")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def demo_api():
 
 def sixteen_pictures() -> list[tuple[str, str, bytes]]:
     """16 different colour/shape pictures (fresh seeds), each sent as PNG bytes."""
-    from tools.demo_pictures import COLOURS, SHAPES, picture, random_scene
+    from tools.demo_model.pictures import COLOURS, SHAPES, picture, random_scene
 
     rng = random.Random(1001)
     every = [(c, s) for c in COLOURS for s in SHAPES]
@@ -51,7 +51,7 @@ def ask(api: api_helpers.LiveAPI, data: bytes) -> str:
 
 
 def test_sixteen_concurrent_requests_name_their_own_picture(demo_api):
-    from tools.demo_pictures import COLOURS, SHAPES
+    from tools.demo_model.pictures import COLOURS, SHAPES
 
     pictures = sixteen_pictures()
     assert len({(c, s) for c, s, _ in pictures}) == 16

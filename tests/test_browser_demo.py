@@ -24,8 +24,8 @@ from tests.browser_helpers import (
     wait_for_reply,
 )
 from tests.conftest import ROOT
-from tools.demo_chats import TEXT_CHAT
-from tools.demo_pictures import draw_scene, random_scene
+from tools.demo_model.chats import TEXT_CHAT
+from tools.demo_model.pictures import draw_scene, random_scene
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 

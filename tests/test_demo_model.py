@@ -41,7 +41,7 @@ from tools.demo_model.pictures import picture, random_scene
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
-                                reason=f"{DEMO_DIR} is absent: run python tools/train_demo_model.py")
+                                reason=f"{DEMO_DIR} is absent: run python -m tools.demo_model.train")
 
 
 def one_shape(colour: str, shape: str, seed: int):
@@ -180,7 +180,7 @@ def newest_image_answers(script, seed: int, chats: int = 10) -> int:
 @pytest.mark.parametrize("add_all", [True, False])
 def test_add_all_images_on_and_off_answers_are_about_the_newest_image(host, add_all):
     """On (the demo's default): older pictures are real features; off: placeholder rows. Either way
-    the answer is about the newest picture (98.5% on 200 chats each in tools/eval_demo_model.py)."""
+    the answer is about the newest picture (98.5% on 200 chats each in tools/demo_model/eval.py)."""
     script = load_demo(host, **{"multimodal-add_all_images_to_prompt": add_all})
     assert script.params["add_all_images_to_prompt"] is add_all
     assert newest_image_answers(script, 81) >= 9
@@ -218,7 +218,7 @@ def test_eval_script_measures_through_the_host():
 
 
 def test_eval_script_draws_with_the_independent_renderer():
-    """`--renderer independent`: pictures from tools/eval_pictures.py, through the same host path."""
+    """`--renderer independent`: pictures from tools/demo_model/eval_pictures.py, through the same host path."""
     result = subprocess.run([sys.executable, "-m", "tools.demo_model.eval", "--renderer", "independent", "--n", "10",
                              "--kinds", "colour", "order", "yesno", "--threads", "1"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600)

@@ -1,4 +1,4 @@
-"""The demo model's training data and training script (tools/demo_pictures.py, tools/train_demo_model.py).
+"""The demo model's training data and training script (tools/demo_model/pictures.py, tools/demo_model/train.py).
 
 - Every shape lies in the cell of the **whole picture** that its answer names, on canvases of any
   size and aspect ratio (only a large lone shape in the centre may spill over), and the per-patch
@@ -21,15 +21,15 @@ import torch
 from PIL import Image
 from transformers import LlavaForConditionalGeneration
 
-from tools.demo_pictures import (
+from tools.demo_model.pictures import (
     COLOURS, CENTER, CELL_HALF, SHAPES, draw_scene, patch_labels, picture, random_scene, scene_labels,
 )
-from tools.demo_architecture import (
+from tools.demo_model.architecture import (
     GRID, build_model, build_processor, build_tokenizer, image_features, vision_parameters,
 )
-from tools.demo_chats import IMAGE_TOKENS
-from tools.demo_vision_stage import VisionProbe, picture_weight, presence, probe_targets
-from tools.train_demo_model import main as train
+from tools.demo_model.chats import IMAGE_TOKENS
+from tools.demo_model.vision_stage import VisionProbe, picture_weight, presence, probe_targets
+from tools.demo_model.train import main as train
 
 
 def shape_pixels(image) -> np.ndarray:

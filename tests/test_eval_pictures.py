@@ -1,4 +1,4 @@
-"""The eval's second renderer (tools/eval_pictures.py): every shape lies in the cell of the whole
+"""The eval's second renderer (tools/demo_model/eval_pictures.py): every shape lies in the cell of the whole
 picture that its answer names, in its colour, on canvases of any size and aspect ratio."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from tools import eval_pictures
-from tools.demo_pictures import COLOURS
+from tools.demo_model import eval_pictures
+from tools.demo_model.pictures import COLOURS
 
 
 def shape_pixels(image) -> np.ndarray:

@@ -1,13 +1,13 @@
 """The demo model's parts: tokenizer, `LlavaForConditionalGeneration`, `LlavaProcessor`, sizes.
 
 In: nothing but a seed. Out: untrained Hugging Face objects, saved and loaded like any LLaVA
-checkpoint. Training lives in `demo_vision_stage` (stage 1) and `demo_chat_stage` (stage 2).
+checkpoint. Training lives in `vision_stage` (stage 1), `chat_stage` (2) and `polish_stage` (3).
 
 The tower sees the whole picture squashed to IMAGE_SIZE x IMAGE_SIZE (nothing cropped: a position is
 the picture's cell, as the user sees it, whatever its aspect ratio) in PATCH_SIZE patches, and the
 language model gets all of its last layer's rows, the CLS row first ('full' strategy,
 `vision_feature_layer -1`): each patch row says what covers its patch; the CLS row says what the
-whole picture holds (see `demo_vision_stage`).
+whole picture holds (see `vision_stage`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from tools.demo_chats import CHAT_TEMPLATE, IMAGE_MARK, IMAGE_TOKENS, tokenizer_corpus
+from tools.demo_model.chats import CHAT_TEMPLATE, IMAGE_MARK, IMAGE_TOKENS, tokenizer_corpus
 
 # 192 px in 24-px patches: 8 x 8 patch rows. Small shapes need the pixels (at 128 px a shape in a
 # corner of a wide picture is 11 px across); 24-px patches keep the rows, and so the cost, of 128/16.
@@ -36,7 +36,7 @@ VISION = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_a
               image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, projection_dim=128)
 TEXT = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False)
-assert GRID * GRID + 1 == IMAGE_TOKENS, "demo_chats.IMAGE_TOKENS: the patch rows and the CLS row"
+assert GRID * GRID + 1 == IMAGE_TOKENS, "chats.IMAGE_TOKENS: the patch rows and the CLS row"
 
 
 def build_tokenizer(vocab_size: int = 640) -> PreTrainedTokenizerFast:

@@ -1,6 +1,6 @@
 """Questions, answers and whole chats for the demo model, and their token ids as the host builds them.
 
-In: scenes from `demo_pictures`. Out: `Sample`s (chat-template messages with `<image>` marks, the
+In: scenes from `pictures`. Out: `Sample`s (chat-template messages with `<image>` marks, the
 images, the answers that get a loss) and `encode_sample`'s ids/labels, built the way the multimodal
 extension builds a prompt: the template's text split at each image, each part encoded on its own
 (a BOS only at the start), each image taking `IMAGE_TOKENS` rows.
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene, picture, random_scene
+from tools.demo_model.pictures import COLOURS, POSITIONS, SHAPES, Scene, picture, random_scene
 
 IMAGE_MARK = "<image>"
-IMAGE_TOKENS = 65  # the CLS row, then (192 px / 24 px patches) ** 2 patch rows (demo_architecture)
+IMAGE_TOKENS = 65  # the CLS row, then (192 px / 24 px patches) ** 2 patch rows (architecture)
 
 SHAPE_QUESTIONS = ("What shape is this?", "What shape is it?", "Which shape is this?", "What is the shape?",
                    "what shape is this")
@@ -120,7 +120,7 @@ class Turn:
     kind: str = "text"
     scenes: list[Scene] = field(default_factory=list)
     # For questions naming a colour or shape to find: (that word, the index of the picture holding
-    # it, or 2 when none does). Training supervises the word's position with it (see train_demo_model).
+    # it, or 2 when none does). Stage 2's query probe reads the word's position (see chat_stage).
     query: tuple[str, int] | None = None
 
 

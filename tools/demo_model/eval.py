@@ -1,16 +1,16 @@
 """Measure the demo model through the path users take: the host's chat, the multimodal extension.
 
-    python tools/eval_demo_model.py                       # the shipped model, 100 questions per kind
-    python tools/eval_demo_model.py --model /tmp/m --seed 7 --n 50
-    python tools/eval_demo_model.py --renderer independent   # pictures from tools/eval_pictures.py
+    python -m tools.demo_model.eval                       # the shipped model, 100 questions per kind
+    python -m tools.demo_model.eval --model /tmp/m --seed 7 --n 50
+    python -m tools.demo_model.eval --renderer independent   # pictures from eval_pictures
 
-Each question is a chat turn sent as the UI sends it: the pictures go in `state['message_images']`,
-the extension stores them as `<img>` tags in the history (a lossless PNG of each picture), splits
-the prompt, embeds the images with the llava-hf pipeline and stitches `inputs_embeds`; the host
-generates greedily. Pictures are fresh: drawn from `--seed`, which training (seed 0 and its stream)
-never used, by the training renderer (`demo_pictures`) or by `--renderer independent`
-(`eval_pictures`: other code, other shades, sizes and edges, positions on the whole picture).
-Prints the accuracy per question kind, then one JSON line of those accuracies.
+Run from the repository root. Each question is a chat turn sent as the UI sends it: the pictures go
+in `state['message_images']`, the extension stores them as `<img>` tags in the history (a lossless
+PNG of each picture), splits the prompt, embeds the images with the llava-hf pipeline and stitches
+`inputs_embeds`; the host generates greedily. Pictures are fresh: drawn from `--seed`, which
+training (seed 0 and its stream) never used, by the training renderer (`pictures`) or by
+`--renderer independent` (`eval_pictures`: other code, other shades, sizes and edges, positions on
+the whole picture). Prints the accuracy per question kind, then one JSON line of those accuracies.
 """
 from __future__ import annotations
 
@@ -18,35 +18,38 @@ import argparse
 import json
 import random
 import re
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from PIL import Image
 
-from tools.demo_chats import (
-    COLOUR_QUESTIONS,
-    COUNT_QUESTIONS,
+from tools.demo_model import eval_pictures, pictures
+from tools.demo_model.chats import (
     COUNT_WORDS,
-    DESCRIBE_QUESTIONS,
     ORDER_QUESTION,
-    POSITION_QUESTIONS,
     PRESENCE_QUESTIONS,
+    QUESTIONS_OF,
     SHAPE_QUESTIONS,
     TEXT_CHAT,
     article,
     describe,
 )
-from tools import demo_pictures, eval_pictures
-from tools.demo_pictures import COLOURS, POSITIONS, SHAPES, Scene
+from tools.demo_model.pictures import COLOURS, POSITIONS, SHAPES, Scene
 
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("shape", "colour", "count", "position", "describe", "order", "yesno", "history", "text")
-# name -> (a random scene, the scene drawn as a picture)
+
+
+class Renderer(NamedTuple):
+    random_scene: Callable[..., Scene]  # (rng, count=None, kinds=None)
+    picture: Callable[[Scene, random.Random], Image.Image]
+
+
 RENDERERS = {
-    "training": (demo_pictures.random_scene, demo_pictures.picture),
-    "independent": (eval_pictures.random_scene, eval_pictures.picture),
+    "training": Renderer(pictures.random_scene, pictures.picture),
+    "independent": Renderer(eval_pictures.random_scene, eval_pictures.picture),
 }
 
 
@@ -122,35 +125,52 @@ def new_history() -> dict:
 
 def ask(kind: str, rng: random.Random, renderer: str = "training") -> bool:
     """One fresh question of this kind through the host; True when answered right."""
-    random_scene, draw = RENDERERS[renderer]
-    if kind == "text":
-        prompt = rng.choice(list(TEXT_CHAT))
-        return chat_turn(prompt, new_history(), [])[0] == TEXT_CHAT[prompt]
-    if kind == "order":
-        colours = rng.sample(list(COLOURS), 2)
-        scenes = [random_scene(rng, kinds=[(c, rng.choice(SHAPES))]) for c in colours]
-        which = rng.randrange(2)
-        question = ORDER_QUESTION.format(colour=colours[which])
-        reply, _ = chat_turn(question, new_history(), [draw(s, rng) for s in scenes])
-        return is_right(kind, reply, scenes, which)
-    if kind == "yesno":  # "Is there a blue shape?" about one picture: its colour half the time
-        scene = random_scene(rng)
-        present = {item.colour for item in scene.items}
-        colour = rng.choice(sorted(present)) if rng.random() < 0.5 else rng.choice(list(COLOURS))
-        question = PRESENCE_QUESTIONS[0].format(a=article(colour), colour=colour)
-        reply, _ = chat_turn(question, new_history(), [draw(scene, rng)])
-        return words(reply) & {"yes", "no"} == {"yes" if colour in present else "no"}
-    if kind == "history":  # an earlier picture, answered by the model itself, then a new one
-        earlier, now = random_scene(rng, count=1), random_scene(rng, count=1)
-        _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [draw(earlier, rng)])
-        reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [draw(now, rng)])
-        return is_right(kind, reply, [earlier, now], None)
+    chosen = RENDERERS[renderer]
+    if kind in ASK_WHOLE_CHAT:
+        return ASK_WHOLE_CHAT[kind](rng, chosen)
     one_shape = kind in ("shape", "colour", "position")
-    scene = random_scene(rng, count=1 if one_shape else None)
-    question = {"shape": SHAPE_QUESTIONS, "colour": COLOUR_QUESTIONS, "count": COUNT_QUESTIONS,
-                "position": POSITION_QUESTIONS, "describe": DESCRIBE_QUESTIONS}[kind][0]
-    reply, _ = chat_turn(question, new_history(), [draw(scene, rng)])
+    scene = chosen.random_scene(rng, count=1 if one_shape else None)
+    reply, _ = chat_turn(QUESTIONS_OF[kind][0], new_history(), [chosen.picture(scene, rng)])
     return is_right(kind, reply, [scene], None)
+
+
+def ask_text(rng: random.Random, renderer: Renderer) -> bool:
+    prompt = rng.choice(list(TEXT_CHAT))
+    return chat_turn(prompt, new_history(), [])[0] == TEXT_CHAT[prompt]
+
+
+def ask_order(rng: random.Random, renderer: Renderer) -> bool:
+    """Two one-shape pictures of different colours: which one has the named colour."""
+    colours = rng.sample(list(COLOURS), 2)
+    scenes = [renderer.random_scene(rng, kinds=[(c, rng.choice(SHAPES))]) for c in colours]
+    which = rng.randrange(2)
+    question = ORDER_QUESTION.format(colour=colours[which])
+    reply, _ = chat_turn(question, new_history(), [renderer.picture(s, rng) for s in scenes])
+    return is_right("order", reply, scenes, which)
+
+
+def ask_yesno(rng: random.Random, renderer: Renderer) -> bool:
+    """"Is there a blue shape?" about one picture: its colour half the time."""
+    scene = renderer.random_scene(rng)
+    present = {item.colour for item in scene.items}
+    colour = rng.choice(sorted(present)) if rng.random() < 0.5 else rng.choice(list(COLOURS))
+    question = PRESENCE_QUESTIONS[0].format(a=article(colour), colour=colour)
+    reply, _ = chat_turn(question, new_history(), [renderer.picture(scene, rng)])
+    return words(reply) & {"yes", "no"} == {"yes" if colour in present else "no"}
+
+
+def ask_history(rng: random.Random, renderer: Renderer) -> bool:
+    """An earlier picture, answered by the model itself, then a new one: the answer is about the new one."""
+    earlier, now = renderer.random_scene(rng, count=1), renderer.random_scene(rng, count=1)
+    _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [renderer.picture(earlier, rng)])
+    reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [renderer.picture(now, rng)])
+    return is_right("history", reply, [earlier, now], None)
+
+
+# The kinds that are more than one question about one picture.
+ASK_WHOLE_CHAT: dict[str, Callable[[random.Random, Renderer], bool]] = {
+    "text": ask_text, "order": ask_order, "yesno": ask_yesno, "history": ask_history,
+}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -161,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--renderer", choices=list(RENDERERS), default="training",
-                        help="who draws the pictures: the training renderer, or tools/eval_pictures.py")
+                        help="who draws the pictures: the training renderer, or eval_pictures")
     parser.add_argument("--add-all-images", choices=("on", "off"),
                         help="override the model's add_all_images_to_prompt (the demo's is on)")
     args = parser.parse_args(argv)

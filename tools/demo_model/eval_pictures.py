@@ -1,6 +1,6 @@
 """A second picture renderer, written for the eval only: pictures as other people draw them.
 
-The demo model is trained on `demo_pictures`; measuring it only on that renderer's pictures hides
+The demo model is trained on `pictures`; measuring it only on that renderer's pictures hides
 how it does on anyone else's. This one shares no drawing code with it: Pillow's own primitives
 (`ellipse`, `regular_polygon`, `polygon`), hard or anti-aliased edges, canvases of 96 to 300 px
 in any aspect ratio from 3:5 to 5:3, CSS-like shades of each colour, thin outlines, tinted, noisy
@@ -20,7 +20,7 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tools.demo_pictures import COLOURS, SHAPES, Item, Scene
+from tools.demo_model.pictures import COLOURS, SHAPES, Item, Scene
 
 # Shades a person might pick for each colour name (web colours and paint-program defaults).
 SHADES: dict[str, tuple[tuple[int, int, int], ...]] = {

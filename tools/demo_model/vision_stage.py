@@ -1,25 +1,22 @@
 """Stage 1 of the demo model's training: the vision tower and projector alone, with linear probes.
 
-In: a model from `demo_architecture` and a seed. Out: the same model, its tower and projector
-trained (the probes are thrown away). No language model runs here, so a step is cheap.
+In: a model from `architecture` and a seed. Out: the same model, its tower and projector trained
+(the probes are thrown away). No language model runs here, so a step is cheap.
 
 What the probes ask of the rows the language model will get (`image_features`: CLS first):
 - every patch row names the colour and shape covering its patch and that shape's grid cell (one
   more class each for "no shape"): shapes are readable from any patch of the shape, two shapes stay
   apart, and each shape's rows say where it is;
 - the CLS row names the whole picture: each shape's colour, shape and cell in reading order, and
-  which colours and shapes it holds. The language model answers "Describe the image.", "How many
-  shapes?", "Is there a red shape?" and "Which image has the red shape?" by reading one row per
-  picture instead of searching 64 rows for the few a shape covers.
-The CLS probe joins for the last `picture_steps`, its weight ramped up over `picture_ramp` steps:
-from the first step it drowns the patch probe's shape signal (shapes were never learned), and
-switched on at full weight it knocks shape naming back for a thousand steps.
+  which colours and shapes it holds, so the language model can answer "Describe the image.", "How
+  many shapes?" or "Which image has the red shape?" from one row per picture.
+The CLS probe joins only for the last `picture_steps`, its weight ramped up over `picture_ramp`
+steps, because earlier or at full weight it drowns the patch probe's shape signal.
 
 A last, short phase (`every_row`, fresh probe, the tower at a lower rate) asks every row, not only
-CLS, which colours and shapes its picture holds. With that only on CLS, the language model never
-learned "Is there a blue shape?" nor "Which image has the blue shape?" (both at chance after 2400
-chat steps, also with the rows' common offset removed): a question word finds its picture's
-contents only if any of the picture's rows will do.
+CLS, which colours and shapes its picture holds: a question word in stage 2 finds its picture's
+contents only if any of the picture's rows will do. The measurements behind both choices are in
+this package's README.md ("Lab notes").
 """
 from __future__ import annotations
 
@@ -29,9 +26,17 @@ import time
 import numpy as np
 import torch
 
-from tools.demo_architecture import GRID, image_features, vision_parameters
-from tools.demo_pictures import COLOURS, SCENE_SLOTS, SHAPES, patch_labels, picture, random_scene, scene_labels
-from tools.demo_schedule import set_lr
+from tools.demo_model.architecture import GRID, image_features, vision_parameters
+from tools.demo_model.pictures import (
+    COLOURS,
+    SCENE_SLOTS,
+    SHAPES,
+    patch_labels,
+    picture,
+    random_scene,
+    scene_labels,
+)
+from tools.demo_model.schedule import set_lr
 
 KINDS = (len(COLOURS), len(SHAPES), 9)  # what a probe names about a shape: colour, shape, cell
 
@@ -122,19 +127,14 @@ def picture_weight(step: int, steps: int, picture_steps: int, ramp: int) -> floa
     return 0.0 if since < 0 else min(1.0, (since + 1) / max(1, ramp))
 
 
-def pretrain_vision(model, processor, steps: int, picture_steps: int, picture_ramp: int, batch_size: int,
+def pretrain_vision(model, processor, *, steps: int, picture_steps: int, picture_ramp: int, batch_size: int,
                     lr: float, seed: int, device, every_row: bool = False, head_lr: float | None = None) -> None:
     """Stage 1 (see the module docstring); `model` is trained in place. With `every_row`, every row
     (not only CLS) must say which colours and shapes the picture holds; `head_lr`: the probe's own
     peak learning rate."""
     torch.manual_seed(seed + 1)
     probe = VisionProbe(model.config.text_config.hidden_size).to(device)
-    if head_lr is None:
-        groups = [{"params": vision_parameters(model) + list(probe.parameters()), "peak": lr}]
-    else:
-        groups = [{"params": vision_parameters(model), "peak": lr},
-                  {"params": list(probe.parameters()), "peak": head_lr}]
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(parameter_groups(model, probe, lr=lr, head_lr=head_lr), weight_decay=0.01)
     start, threads = time.time(), torch.get_num_threads()
     batches = torch.utils.data.DataLoader(VisionBatches(processor, steps, batch_size, seed), batch_size=None,
                                           num_workers=1 if steps > 1 else 0)
@@ -154,3 +154,11 @@ def pretrain_vision(model, processor, steps: int, picture_steps: int, picture_ra
             print(f"vision step {step:5d}  probe loss {loss.item():.4f}  shape patches named {named:.3f}  "
                   f"pictures named whole by CLS {whole:.3f}  {time.time() - start:6.0f}s", flush=True)
     torch.set_num_threads(threads)
+
+
+def parameter_groups(model, probe: VisionProbe, *, lr: float, head_lr: float | None) -> list[dict]:
+    """The tower, projector and probe at peak `lr`; with `head_lr`, the probe at its own peak."""
+    if head_lr is None:
+        return [{"params": vision_parameters(model) + list(probe.parameters()), "peak": lr}]
+    return [{"params": vision_parameters(model), "peak": lr},
+            {"params": list(probe.parameters()), "peak": head_lr}]
