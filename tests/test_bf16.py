@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 from modules import chat, shared
-from tests.test_vlm_families_host import NEW_TOKENS, folders, hf_reply, png  # noqa: F401 (folders: a fixture)
+from tests.test_vlm_families_host import NEW_TOKENS, hf_reply, png
 
 
 @pytest.mark.parametrize("name", ["llava", "qwen2_5_vl", "gemma3"])
-def test_bf16_end_to_end_equals_hugging_face_in_bf16(host, folders, name):  # noqa: F811
-    host.load(folders(name), ["multimodal"], argv=["--bf16"])
+def test_bf16_end_to_end_equals_hugging_face_in_bf16(host, family_folder, name):
+    host.load(family_folder(name), ["multimodal"], argv=["--bf16"])
     from extensions.multimodal import script
 
     inner = shared.model.model

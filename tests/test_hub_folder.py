@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,18 +29,19 @@ from tests.test_vlm_families_host import hf_reply, png
 QWEN_GENERATION = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.1, "top_k": 1, "top_p": 0.001}
 
 
-def build(path, family: str):
+def build(path: Path, family: str, family_folder) -> Path:
     if family == "qwen2_5_vl":
         return vlm_families.build_qwen(path, 0, "Qwen2_5_VL", dict(hidden_size=32, intermediate_size=64, window_size=32,
                                                                     out_hidden_size=64, fullatt_block_indexes=[1]),
                                        rope={"type": "mrope", "rope_theta": 1000000.0})
-    return vlm_families.FAMILIES[family](path)
+    # A copy of the session's shared folder (tests/conftest.py): `make` re-saves it in bfloat16.
+    return Path(shutil.copytree(family_folder(family), path))
 
 
 @pytest.fixture(scope="module")
-def hub_folder(tmp_path_factory):
+def hub_folder(tmp_path_factory, family_folder):
     def make(family: str):
-        path = build(tmp_path_factory.mktemp("hub") / family, family)
+        path = build(tmp_path_factory.mktemp("hub") / family, family, family_folder)
         model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         model.generation_config.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,

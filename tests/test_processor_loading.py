@@ -13,7 +13,6 @@ class and the saved settings, and its image-token counts with the processor's ow
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import json
 import sys
@@ -31,16 +30,6 @@ from tests import vlm_families
 # AutoProcessor.from_pretrained fails for these without torchvision (transformers 5.23).
 NEEDS_TORCHVISION = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm", "internvl", "llava_onevision", "mistral3"}
 FAMILY_NAMES = list(vlm_families.FAMILIES)
-
-
-@functools.cache
-def built(name: str, root: str) -> Path:
-    return Path(vlm_families.FAMILIES[name](f"{root}/{name}"))
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("hf_auto_processing"))
 
 
 def pictures() -> list[Image.Image]:
@@ -66,10 +55,10 @@ def assert_same_outputs(ours: dict, theirs: dict, pixel_atol: float = 0.0) -> No
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_pil_route_matches_auto_processor(name, root):
+def test_pil_route_matches_auto_processor(name, family_folder):
     from transformers import AutoProcessor
 
-    path = built(name, root)
+    path = family_folder(name)
     ours = load_processor(path, use_torchvision=False)
     if processing.torchvision_usable():
         assert_same_outputs(run(ours, pictures()), run(AutoProcessor.from_pretrained(path), pictures()), pixel_atol=0.1)
@@ -84,11 +73,11 @@ def test_pil_route_matches_auto_processor(name, root):
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_pil_route_matches_hand_built(name, root):
+def test_pil_route_matches_hand_built(name, family_folder):
     """The loader reads every saved setting: same outputs as the class built by hand from the saved parts."""
     import transformers
 
-    path = built(name, root)
+    path = family_folder(name)
     ours = load_processor(path, use_torchvision=False)
     saved = json.loads((path / "processor_config.json").read_text())
     image_config = dict(saved.pop("image_processor"))
@@ -102,9 +91,9 @@ def test_pil_route_matches_hand_built(name, root):
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_image_ids_count_as_the_processor_arithmetic_says(name, root):
+def test_image_ids_count_as_the_processor_arithmetic_says(name, family_folder):
     """Image tokens per image from running the processor = its size-only arithmetic (what a counter without pixels uses)."""
-    processor = load_processor(built(name, root), use_torchvision=False)
+    processor = load_processor(family_folder(name), use_torchvision=False)
     if not hasattr(processor, "_get_num_multimodal_tokens"):
         pytest.skip(f"{type(processor).__name__} has no size arithmetic")
     for image in pictures():  # alone in its prompt: OneVision's count assumes one image per prompt
@@ -116,10 +105,10 @@ def test_image_ids_count_as_the_processor_arithmetic_says(name, root):
         assert expected in (tokens.ids.numel(), counted), (expected, tokens.ids.numel(), counted)
 
 
-def test_missing_num2words_names_the_fix(root, monkeypatch):
+def test_missing_num2words_names_the_fix(family_folder, monkeypatch):
     import transformers.models.smolvlm.processing_smolvlm as smolvlm
 
-    path = built("smolvlm", root)
+    path = family_folder("smolvlm")
     monkeypatch.setattr(smolvlm, "num2words", None)
     with pytest.raises(ProcessorLoadError, match="pip install num2words"):
         load_processor(path, use_torchvision=False)
@@ -131,9 +120,9 @@ def test_a_folder_without_a_processor_says_so(tmp_path):
         load_processor(tmp_path, use_torchvision=False)
 
 
-def test_video_free_processor_keeps_its_name_and_round_trips(root, tmp_path):
+def test_video_free_processor_keeps_its_name_and_round_trips(family_folder, tmp_path):
     """The subclass without a video processor saves a folder that loads back to the same outputs."""
-    ours = load_processor(built("qwen2_5_vl", root), use_torchvision=False)
+    ours = load_processor(family_folder("qwen2_5_vl"), use_torchvision=False)
     assert type(ours).__name__ == "Qwen2_5_VLProcessor" and not hasattr(ours, "video_processor")
     ours.save_pretrained(tmp_path)
     again = load_processor(tmp_path, use_torchvision=False)
@@ -162,9 +151,9 @@ def test_pixtral_size_helper_is_the_same_function_in_both_modules():
         function_ast(f"{processing.PIXTRAL}.image_processing_pil_pixtral")
 
 
-def test_placeholders_are_what_the_chat_templates_write(root):
+def test_placeholders_are_what_the_chat_templates_write(family_folder):
     for name in FAMILY_NAMES:
-        processor = load_processor(built(name, root), use_torchvision=False)
+        processor = load_processor(family_folder(name), use_torchvision=False)
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert text.count(image_placeholder(processor)) == 1, (name, text)

@@ -21,7 +21,6 @@ from extensions.multimodal.image_codec import store_image
 from extensions.multimodal.pipelines.hf_auto.processor_route import image_text, processor_inputs, with_bos_rule
 from extensions.multimodal.processor_loading import (load_processor, pil_image_processor,
                                                      pil_image_processor_by_name)
-from tests.test_processor_loading import built, root  # noqa: F401  (root is a fixture)
 
 # What each builder's chat template writes for an image part (tests/vlm_families.py).
 TEMPLATE_IMAGE_TEXT = {
@@ -44,13 +43,13 @@ def tag(image: Image.Image) -> str:
 
 
 @pytest.mark.parametrize("family", sorted(TEMPLATE_IMAGE_TEXT))
-def test_image_text_is_what_the_chat_template_writes_for_one_image(root, family):
-    assert image_text(load_processor(built(family, root))) == TEMPLATE_IMAGE_TEXT[family]
+def test_image_text_is_what_the_chat_template_writes_for_one_image(family_folder, family):
+    assert image_text(load_processor(family_folder(family))) == TEMPLATE_IMAGE_TEXT[family]
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava_onevision", "idefics3"])
-def test_a_tagged_prompt_gives_the_processors_own_inputs(root, family):
-    processor = load_processor(built(family, root))
+def test_a_tagged_prompt_gives_the_processors_own_inputs(family_folder, family):
+    processor = load_processor(family_folder(family))
     pictures = [picture(1), picture(2, (40, 72))]
     prompt = f"Look: {tag(pictures[0])} and {tag(pictures[1])}. Which is brighter?"
     ours = processor_inputs(processor, prompt, add_bos=False, max_pixels=10**8)
@@ -74,58 +73,58 @@ def test_bos_rule_is_text_generation_webuis():
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3", "mistral3", "internvl", "gemma3"])
-def test_the_image_processor_found_by_name_processes_pixels_as_autoimageprocessor_does(root, family):
-    folder = built(family, root)
+def test_the_image_processor_found_by_name_processes_pixels_as_autoimageprocessor_does(family_folder, family):
+    folder = family_folder(family)
     by_name, auto = pil_image_processor_by_name(folder), pil_image_processor(folder)
     assert type(by_name) is type(auto)
     ours, theirs = by_name(images=[picture(4)], return_tensors="pt"), auto(images=[picture(4)], return_tensors="pt")
     assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
-def test_registration_lets_automodelforcausallm_load_the_full_image_text_class(root):
+def test_registration_lets_automodelforcausallm_load_the_full_image_text_class(family_folder):
     from transformers import AutoModelForCausalLM
 
     from extensions.multimodal.pipelines.hf_auto.auto_classes import register_image_text_classes
 
-    folder = built("qwen2_5_vl", root)
+    folder = family_folder("qwen2_5_vl")
     registered = register_image_text_classes()
     assert {"qwen2_5_vl", "llava", "smolvlm", "mllama"} <= set(registered) and "gemma3" not in registered
     assert type(AutoModelForCausalLM.from_pretrained(folder)).__name__ == "Qwen2_5_VLForConditionalGeneration"
 
 
-def test_this_host_keeps_its_own_generation(host, root):
+def test_this_host_keeps_its_own_generation(host, family_folder):
     """This host builds generate()'s inputs itself: the extension takes over nothing here."""
-    host.load(built("qwen2_5_vl", root), argv=["--extensions", "multimodal"])
+    host.load(family_folder("qwen2_5_vl"), argv=["--extensions", "multimodal"])
     from extensions.multimodal import script
 
     assert not script.processor_route() and not hasattr(script, "custom_generate_reply")
     assert script.embedder().pipeline.name() == "transformers"
 
 
-def test_without_a_chat_template_the_processors_placeholder_stands_for_an_image(root):
-    processor = load_processor(built("llava_next", root))
+def test_without_a_chat_template_the_processors_placeholder_stands_for_an_image(family_folder):
+    processor = load_processor(family_folder("llava_next"))
     processor.chat_template = None  # an older llava-hf folder ships none
     assert image_text(processor) == "<image>"
 
 
-def test_one_bos_whether_the_template_writes_it_or_the_tokenizer_adds_it(root):
-    processor = load_processor(built("mistral3", root))  # its tokenizer adds "<s>"; its template writes it too
+def test_one_bos_whether_the_template_writes_it_or_the_tokenizer_adds_it(family_folder):
+    processor = load_processor(family_folder("mistral3"))  # its tokenizer adds "<s>"; its template writes it too
     bos = processor.tokenizer.bos_token_id
     for prompt in (f"[INST]{tag(picture(5))}hi[/INST]", f"<s>[INST]{tag(picture(5))}hi[/INST]",
                    f"<s><s>[INST]{tag(picture(5))}hi[/INST]"):
         for add_bos in (False, True):
             ids = processor_inputs(processor, prompt, add_bos, 10**8)["input_ids"][0].tolist()
             assert ids[0] == bos and ids[1] != bos, (prompt[:12], add_bos)
-    no_bos = load_processor(built("qwen2_5_vl", root))  # defines no BOS: nothing is added
+    no_bos = load_processor(family_folder("qwen2_5_vl"))  # defines no BOS: nothing is added
     ids = processor_inputs(no_bos, f"<|im_start|>user\n{tag(picture(5))}<|im_end|>", True, 10**8)["input_ids"][0]
     assert ids[0] == no_bos.tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
 @pytest.mark.parametrize("family", ["llava_onevision", "qwen2_5_vl", "mistral3"])
-def test_two_pictures_give_what_hugging_faces_own_chat_template_path_gives(root, family):
+def test_two_pictures_give_what_hugging_faces_own_chat_template_path_gives(family_folder, family):
     """The oracle is `apply_chat_template(..., tokenize=True)`: LLaVA-OneVision lays out two pictures of
     one conversation differently from one picture alone (no anyres tiles), and so must the route."""
-    processor = load_processor(built(family, root))
+    processor = load_processor(family_folder(family))
     pictures = [picture(6), picture(7, (40, 72))]
     content = [{"type": "image", "image": pictures[0]}, {"type": "image", "image": pictures[1]},
                {"type": "text", "text": "Which is brighter?"}]

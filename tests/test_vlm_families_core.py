@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -43,17 +45,12 @@ class Family:
 
 
 @functools.cache
-def family(name: str, root: str) -> Family:
+def family(name: str, family_folder: Callable[[str], Path]) -> Family:
     from transformers import AutoModelForImageTextToText
 
-    path = vlm_families.FAMILIES[name](f"{root}/{name}")
+    path = family_folder(name)  # the session's shared folder (tests/conftest.py)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return Family(name, model, load_processor(path, use_torchvision=False), routes.route_for(model))
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("vlm_families"))
 
 
 def picture(width: int, height: int, seed: int) -> Image.Image:
@@ -214,15 +211,15 @@ FAMILY_NAMES = list(vlm_families.FAMILIES)
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_one_image(name, root):
-    fam = family(name, root)
+def test_one_image(name, family_folder):
+    fam = family(name, family_folder)
     image, other = picture(64, 48, seed=1), picture(64, 48, seed=2)
     check_turn(fam, Conversation(fam, use_cache=False), [user(image, "What is in the picture?")], [image], [other])
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_two_images_of_different_sizes(name, root):
-    fam = family(name, root)
+def test_two_images_of_different_sizes(name, family_folder):
+    fam = family(name, family_folder)
     first, second = picture(64, 48, seed=3), picture(40, 72, seed=4)
     other = picture(40, 72, seed=5)
     messages = [user(first, second, "Which image is larger?")]
@@ -231,18 +228,18 @@ def test_two_images_of_different_sizes(name, root):
 
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "prefix-cache"])
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_three_turns_new_image_on_turn_three(name, use_cache, root):
+def test_three_turns_new_image_on_turn_three(name, use_cache, family_folder):
     """Turn 1 has a picture, turn 2 none, turn 3 a new one; every picture is embedded each turn."""
-    three_turns(Conversation(family(name, root), use_cache=use_cache))
+    three_turns(Conversation(family(name, family_folder), use_cache=use_cache))
 
 
 ROW_FAMILIES = [name for name in FAMILY_NAMES if routes.ROUTES[name] in (routes.EMBEDS, routes.EMBEDS_MROPE)]
 
 
 @pytest.mark.parametrize("name", ROW_FAMILIES)
-def test_ids_and_features_route_fits_every_row_family(name, root):
+def test_ids_and_features_route_fits_every_row_family(name, family_folder):
     """`input_ids` + `mm_encoder_outputs` (Gemma 3's route) is exact for the embeds families too, prefix cache on."""
-    three_turns(Conversation(family(name, root), use_cache=True, route=routes.IDS_FEATURES))
+    three_turns(Conversation(family(name, family_folder), use_cache=True, route=routes.IDS_FEATURES))
 
 
 def three_turns(conversation: Conversation) -> None:
@@ -263,9 +260,9 @@ def three_turns(conversation: Conversation) -> None:
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_public_functions_agree_with_one_processor_run(name, root):
+def test_public_functions_agree_with_one_processor_run(name, family_folder):
     """`image_token_ids` and `image_features` (each runs the processor) give what one `process_images` run gives."""
-    fam = family(name, root)
+    fam = family(name, family_folder)
     images = [picture(64, 48, seed=1), picture(40, 72, seed=2)]
     processed = process_images(fam.processor, images)
     ids = image_token_ids(fam.processor, images)
@@ -278,8 +275,8 @@ def test_public_functions_agree_with_one_processor_run(name, root):
     assert all(torch.equal(a, b) for a, b in zip(rows, features_mod.features_of(fam.model, processed)[0]))
 
 
-def test_row_count_mismatch_names_both_counts(root):
-    fam = family("qwen2_5_vl", root)
+def test_row_count_mismatch_names_both_counts(family_folder):
+    fam = family("qwen2_5_vl", family_folder)
     ids, processed = prompt_ids(fam, chat_text(fam, [user(picture(64, 48, seed=1), "Hi")]), [picture(64, 48, seed=1)])
     rows, _ = features_mod.features_of(fam.model, processed)
     with pytest.raises(ValueError, match=r"tokens 12, feature rows 11"):
@@ -287,12 +284,12 @@ def test_row_count_mismatch_names_both_counts(root):
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_one_image_against_apply_chat_template(name, root):
+def test_one_image_against_apply_chat_template(name, family_folder):
     """The other Hugging Face convention: `apply_chat_template(tokenize=True)` adds no special tokens when
     the rendered text starts with BOS, so a template that writes BOS gets one, where
     `processor(text=template text)` gets two (Gemma 3, Mistral3, Idefics3, Aya Vision, Mllama). The
     same rule on the first text part matches it."""
-    fam = family(name, root)
+    fam = family(name, family_folder)
     image = picture(64, 48, seed=1)
     messages = [{"role": "user", "content": [{"type": "image", "image": image},
                                              {"type": "text", "text": "What is in the picture?"}]}]
@@ -305,10 +302,10 @@ def test_one_image_against_apply_chat_template(name, root):
     assert torch.equal(ids, inputs["input_ids"][0]) and torch.equal(new, ref)
 
 
-def test_gemma3_text_around_the_image_goes_with_its_neighbours(root):
+def test_gemma3_text_around_the_image_goes_with_its_neighbours(family_folder):
     """Gemma 3 writes "\\n\\n" around an image; encoded apart from the template's own "\\n" it splits
     differently (here "\\n" + "\\n\\n" against the processor's "\\n\\n" + "\\n"), so it must join the text parts."""
-    fam = family("gemma3", root)
+    fam = family("gemma3", family_folder)
     image = picture(64, 48, seed=1)
     text = chat_text(fam, [user(image, "What is in the picture?")])
     reference_ids = fam.processor(text=text, images=[image], return_tensors="pt")["input_ids"][0]

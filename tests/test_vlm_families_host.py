@@ -16,7 +16,6 @@ shows that the picture matters (another picture changes the reference reply).
 """
 from __future__ import annotations
 
-import functools
 import io
 
 import pytest
@@ -30,12 +29,6 @@ from tests import api_helpers, host_helpers, vlm_families
 
 FAMILIES = list(vlm_families.FAMILIES)
 NEW_TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vlm_host")
-    return functools.cache(lambda name: vlm_families.FAMILIES[name](root / name))
 
 
 def png(width: int, height: int, seed: int) -> bytes:
@@ -87,8 +80,8 @@ def check(history, ours: str) -> None:
 
 
 @pytest.fixture
-def loaded(host, folders, request):
-    host.load(folders(request.param), ["multimodal"])
+def loaded(host, family_folder, request):
+    host.load(family_folder(request.param), ["multimodal"])
     from extensions.multimodal import script
 
     assert script.embedder().pipeline.name() in ("transformers", "llava-hf")
@@ -128,8 +121,8 @@ def test_three_turns_with_a_new_picture_on_turn_three(loaded, prefix_cache):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_three_turns_through_the_api(folders, name):
-    three_turns_through_the_api(folders(name))
+def test_three_turns_through_the_api(family_folder, name):
+    three_turns_through_the_api(family_folder(name))
 
 
 def three_turns_through_the_api(folder) -> None:

@@ -1,4 +1,5 @@
-"""Tiny real transformers models for tests: random weights, fixed seeds, a real BPE tokenizer.
+"""Tiny real transformers models for tests: random weights, fixed seeds, a real BPE tokenizer
+(`tests/tiny_tokenizer.py`).
 
 Each builder writes a Hugging Face model folder with `save_pretrained`, so tests load it through
 the same code users run (`modules.models.load_model`). Nothing is downloaded.
@@ -14,12 +15,13 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, LlamaConfig, LlamaForCausalLM,
                           LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
                           LlavaNextForConditionalGeneration, LlavaNextProcessor, LlavaProcessor,
                           PreTrainedTokenizerFast)
 from safetensors.torch import load_file, save_file
+
+from tests import tiny_tokenizer
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>", "<im_start>", "<im_end>", "<im_patch>"]
 CHAT_TEMPLATE = (
@@ -45,18 +47,10 @@ VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_att
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>", additional_special_tokens=SPECIAL_TOKENS[4:])
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    """Byte-level BPE over `CORPUS` (400 ids, `SPECIAL_TOKENS` first) that puts "<s>" before every encoding."""
+    return tiny_tokenizer.build_tokenizer(SPECIAL_TOKENS, bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", add_bos=True,
+                                          extra=SPECIAL_TOKENS[4:], chat_template=CHAT_TEMPLATE, corpus=CORPUS,
+                                          vocab_size=400)
 
 
 def text_config(tokenizer) -> LlamaConfig:

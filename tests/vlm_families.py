@@ -2,9 +2,9 @@
 
 Each `build_<family>(path) -> path` writes a folder that `AutoModelForImageTextToText.from_pretrained`
 and the core's `load_processor` load as a user's download would be: config and safetensors weights
-(`save_pretrained`), a BPE tokenizer trained here with `tokenizers` that carries the family's special
-tokens, the family's processor class with its PIL image processor, and a chat template that writes
-the family's image placeholder where the real one does. Nothing is downloaded; building one takes
+(`save_pretrained`), a BPE tokenizer trained here (`tests/tiny_tokenizer.py`) that carries the
+family's special tokens, the family's processor class with its PIL image processor, and a chat
+template that writes the family's image placeholder where the real one does. Nothing is downloaded; building one takes
 well under a second.
 
 What makes them worth testing (see shared/notes/vlm-families.md): the LM head is untied from the
@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
 from extensions.multimodal.processor_loading import build_processor
-from tests import tiny_models
+from tests import tiny_models, tiny_tokenizer
 
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=2048)
@@ -43,43 +42,9 @@ CORPUS = tiny_models.CORPUS + [
 
 # -- Tokenizers ------------------------------------------------------------------------------------
 
-def build_tokenizer(specials: list[str], *, bos: str | None, eos: str, pad: str, unk: str | None = None,
-                    add_bos: bool = False, style: str = "byte_level", extra: dict[str, str] | None = None,
-                    chat_template: str) -> PreTrainedTokenizerFast:
-    """An ASCII BPE tokenizer over `CORPUS` whose first ids are `specials` (in order).
-
-    style "byte_level": GPT-2/Qwen/Llama-3 style bytes with the split regex; "sentencepiece": Gemma's
-    style (spaces become "▁", no pre-split, so runs of newlines merge into one token as in Gemma's
-    vocabulary); "metaspace": Llama's and Mistral's (a "▁" also before the start of the text). `extra` names tokenizer attributes (e.g. `boi_token`) that processors read.
-    """
-    alphabet = [chr(c) for c in range(32, 127)] + ["\n"]
-    tok = Tokenizer(models.BPE(unk_token=unk))
-    if style == "byte_level":
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        tok.decoder = decoders.ByteLevel()
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-    elif style == "sentencepiece":
-        tok.normalizer = normalizers.Replace(" ", "\u2581")
-        tok.decoder = decoders.Replace("\u2581", " ")
-        alphabet = [c if c != " " else "\u2581" for c in alphabet]
-    elif style == "metaspace":  # Llama / Mistral: "\u2581" for spaces, and one before the text's start
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
-        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
-        alphabet = [c if c != " " else "\u2581" for c in alphabet]
-    else:
-        raise ValueError(f"unknown tokenizer style {style!r}")
-    trainer = trainers.BpeTrainer(vocab_size=len(specials) + 400, special_tokens=specials, initial_alphabet=alphabet,
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
-    if add_bos:
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                                           special_tokens=[(bos, tok.token_to_id(bos))])
-    named = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **{k: v for k, v in named.items() if v is not None},
-                                   extra_special_tokens=extra or {})
-    assert all(fast.convert_tokens_to_ids(s) == i for i, s in enumerate(specials))
-    fast.chat_template = chat_template
-    return fast
+def build_tokenizer(specials: list[str], **settings) -> PreTrainedTokenizerFast:
+    """`tests/tiny_tokenizer.build_tokenizer` trained on this module's `CORPUS` (ASCII text with runs of newlines)."""
+    return tiny_tokenizer.build_tokenizer(specials, corpus=CORPUS, **settings)
 
 
 def token_id(tokenizer, token: str) -> int:
