@@ -1,37 +1,46 @@
 """The family core against Hugging Face's own `generate(**processor(...))`, per family.
 
 Each family's tiny checkpoint (tests/vlm_families.py) is loaded as a user's folder would be
-(`AutoModelForImageTextToText.from_pretrained`, `load_processor`). Our side builds the prompt the way
-the extension does: the chat template's text split at each image placeholder, each text part
-encoded on its own (special tokens, i.e. BOS, only on the first part, where the full encoding has
-them), each image replaced by `image_token_ids`; the model input comes from `image_features` and
-the family's route. The reference is `model.generate(**processor(text=chat_template(messages),
-images=...))`. Greedy, float32, CPU.
+(`AutoModelForImageTextToText.from_pretrained`, `load_processor`). Both sides take the prompt ids
+Hugging Face's processor writes for the chat template's text (`processor(text=..., images=...)`).
+Our side adds what the extension's core computes: each image's layout (`image_tokens.process_images`),
+its feature rows (`image_features.features_of`) and the family's route (`routes`, `cross_attention`).
+The reference is `model.generate(**processor(...))`. Greedy, float32, CPU.
+
+Each image's layout is checked on its own against the ids the processor wrote at that image's place
+(`check_layouts`). Encoding the text around the images is the host's part (`prompt_encoding`),
+exercised against Hugging Face through the real host in tests/test_vlm_families_host.py.
 
 Every scenario first shows that the picture matters (another picture of the same size changes the
 reference reply) and that no greedy step of the reference is a near-tie.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import pytest
 import torch
 from PIL import Image
 
+from extensions.multimodal.image_codec import make_tag
 from extensions.multimodal.pipelines.hf_auto import cross_attention, routes
-from extensions.multimodal.pipelines.hf_auto import image_features as features_mod
-from extensions.multimodal.pipelines.hf_auto.image_features import image_features
-from extensions.multimodal.pipelines.hf_auto.image_tokens import (image_placeholder, image_token_id, image_token_ids,
+from extensions.multimodal.pipelines.hf_auto.image_features import features_of
+from extensions.multimodal.pipelines.hf_auto.image_tokens import (ProcessedImages, image_placeholder, image_token_id,
                                                                   process_images)
 from extensions.multimodal.processor_loading import load_processor
+from extensions.multimodal.prompt_parts import split_prompt
+from modules import model_inputs, shared
 from tests import vlm_families
 
 NEW_TOKENS = 8
 MIN_GAP = 1e-3  # top-two logit gap below which a greedy step could flip on harmless float noise
+# Processor keywords that say where each image's replacement text went, and which characters each token covers.
+PLACES = {"return_text_replacement_offsets": True, "return_offsets_mapping": True}
 
 
 # -- Fixtures --------------------------------------------------------------------------------------
@@ -65,45 +74,85 @@ def user(*parts) -> dict:
                                         for p in parts]}
 
 
-def images_of(messages: list[dict], pictures: dict) -> list[Image.Image]:
-    return [p for m in messages for p in pictures.get(id(m), [])]
+# -- Hugging Face's side ---------------------------------------------------------------------------
 
+# (the turn's pictures, processor keywords) -> the processor's output for the turn's prompt
+HfInputs = Callable[..., dict]
 
-# -- The two sides ---------------------------------------------------------------------------------
 
 def chat_text(fam: Family, messages: list[dict]) -> str:
     return fam.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def reference(fam: Family, text: str, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Hugging Face's prompt ids `(n,)`, greedy reply ids and per-step top-two logit gaps."""
-    inputs = fam.processor(text=text, images=images or None, return_tensors="pt")
+def processor_inputs(fam: Family, messages: list[dict]) -> HfInputs:
+    """`processor(text=chat template text, images=...)`."""
+    text = chat_text(fam, messages)
+    return lambda images, **kwargs: fam.processor(text=text, images=images or None, **kwargs)
+
+
+def template_inputs(fam: Family, messages: list[dict]) -> HfInputs:
+    """`apply_chat_template(tokenize=True)`, the turn's pictures in the messages' image entries, in order."""
+    def inputs(images, **kwargs):
+        pictures = iter(images)
+        filled = [{**m, "content": [{**c, "image": next(pictures)} if c["type"] == "image" else c
+                                    for c in m["content"]]} for m in messages]
+        return fam.processor.apply_chat_template(filled, tokenize=True, return_dict=True, add_generation_prompt=True,
+                                                 processor_kwargs=kwargs)
+    return inputs
+
+
+def reference(fam: Family, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's greedy reply ids and per-step top-two logit gaps."""
     out = fam.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
                              return_dict_in_generate=True)
     logits = torch.stack(out.logits)[:, 0]  # (steps, vocab)
     top2 = logits.topk(2, dim=-1).values
-    prompt = inputs["input_ids"][0]
-    return prompt, out.sequences[0, prompt.numel():], top2[:, 0] - top2[:, 1]
+    return out.sequences[0, inputs["input_ids"].shape[1]:], top2[:, 0] - top2[:, 1]
 
 
-def prompt_ids(fam: Family, text: str, images: list[Image.Image], add_special_tokens: bool = True):
-    """The extension's way: split at placeholders, encode text parts alone, image ids in between.
+def places(fam: Family, inputs, processed: ProcessedImages) -> list[torch.Tensor]:
+    """Per image, the ids the processor wrote at its place in the whole prompt: the tokens inside its
+    replacement text, less the plain text the layout leaves to the neighbouring text (`before`/`after`)."""
+    ids, offsets = torch.as_tensor(inputs["input_ids"][0]), torch.as_tensor(inputs["offset_mapping"][0])
+    replacements = inputs.get("text_replacement_offsets")
+    if replacements is None:  # the processor keeps its placeholder (Mllama): one token per image
+        return [ids[i:i + 1] for i in (ids == image_token_id(fam.model)).nonzero()[:, 0]]
+    entries = [entry for entry in replacements[0] if entry["type"] == "image"]
+    assert len(entries) == len(processed.tokens), f"{len(entries)} images in the prompt, {len(processed.tokens)} laid out"
+    found = []
+    for entry, tokens in zip(entries, processed.tokens):
+        assert entry["replacement"].startswith(tokens.before) and entry["replacement"].endswith(tokens.after)
+        start, end = entry["new_span"][0] + len(tokens.before), entry["new_span"][1] - len(tokens.after)
+        inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & (offsets[:, 1] > offsets[:, 0])
+        found.append(ids[inside])
+    return found
 
-    `add_special_tokens`: whether the first part gets the tokenizer's special tokens (its BOS), as
-    `processor(text=...)` does; `apply_chat_template(tokenize=True)` does not (the template writes BOS).
-    """
-    tokenizer = fam.processor.tokenizer
-    parts = text.split(image_placeholder(fam.processor))
-    assert len(parts) == len(images) + 1
-    processed = process_images(fam.processor, images) if images else None
-    tokens = processed.tokens if processed else []
-    # Plain text the processor writes around an image's special tokens goes with its neighbours.
-    texts = [(tokens[i - 1].after if i else "") + part + (tokens[i].before if i < len(tokens) else "")
-             for i, part in enumerate(parts)]
-    pieces = [tokenizer(texts[0], add_special_tokens=add_special_tokens, return_tensors="pt")["input_ids"][0]]
-    for image, part in zip(tokens, texts[1:]):
-        pieces += [image.ids, tokenizer(part, add_special_tokens=False, return_tensors="pt")["input_ids"][0]]
-    return torch.cat(pieces), processed
+
+def check_layouts(fam: Family, inputs, processed: ProcessedImages) -> None:
+    """`process_images` lays out each image as the processor does inside the whole prompt."""
+    expected = places(fam, inputs, processed)
+    assert len(expected) == len(processed.tokens), f"{fam.name}: {len(expected)} image places in the prompt"
+    for i, (place, tokens) in enumerate(zip(expected, processed.tokens)):
+        assert torch.equal(tokens.ids, place), \
+            f"{fam.name}: image {i}'s layout {tokens.ids.tolist()} != the processor's ids there {place.tolist()}"
+
+
+# -- Our side --------------------------------------------------------------------------------------
+
+def prompt_embeds(model, ids: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
+    """`(1, n, hidden)`: token embeddings of `ids` `(1, n)`, image-token rows replaced by `rows` in order
+    (the stitching the host does; here only the input the embeds routes take)."""
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+    if rows:
+        embeds[ids == image_token_id(model)] = torch.cat(rows)
+    return embeds
+
+
+def empty_cache(model):
+    """The host's empty cache that can be cropped later (`new_cache` reads the loaded model from `shared`)."""
+    with mock.patch.object(shared, "model", model):
+        return model_inputs.new_cache()
 
 
 @dataclass
@@ -118,27 +167,26 @@ class Conversation:
     cached_images: list[bytes] = field(default_factory=list)  # Mllama: whose states its cross-attention holds
     reused: list[int] = field(default_factory=list)
 
-    def reply(self, text: str, images: list[Image.Image], add_special_tokens: bool = True):
-        """Prompt ids `(n,)` and greedy reply ids for the chat template's `text` and its images."""
+    def reply(self, ids: torch.Tensor, processed: ProcessedImages | None, images: list[Image.Image]) -> torch.Tensor:
+        """Greedy reply ids for the prompt `ids` `(1, n)` and its images (`processed`: their layouts and tensors)."""
         fam = self.fam
-        ids, processed = prompt_ids(fam, text, images, add_special_tokens)
-        ids = ids[None]
         if fam.route == routes.CROSS_ATTENTION:
             kwargs, embeds = self.cross_attention_kwargs(ids, processed, images), None
         else:
             kwargs, embeds = self.row_kwargs(ids, processed)
         out = fam.model.generate(**kwargs, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
-        new = out.sequences[0, ids.shape[1]:] if "input_ids" in kwargs else out.sequences[0]
+        # Every route passes the prompt's ids (logits processors read them), so the reply follows them.
+        new = out.sequences[0, ids.shape[1]:]
         if self.use_cache:
             self.remember(embeds[0] if embeds is not None else None, new, out.past_key_values)
             self.cached_ids = torch.cat([ids[0], new])
-        return ids[0], new
+        return new
 
-    def row_kwargs(self, ids: torch.Tensor, processed) -> tuple[dict, torch.Tensor]:
-        """The family's route for image rows; the stitched embeddings `(1, n, hidden)` key the prefix cache."""
+    def row_kwargs(self, ids: torch.Tensor, processed: ProcessedImages | None) -> tuple[dict, torch.Tensor]:
+        """The family's route for image rows; the prompt's embeddings `(1, n, hidden)` key the prefix cache."""
         fam = self.fam
-        rows, deepstack = features_mod.features_of(fam.model, processed) if processed else ([], None)
-        embeds = routes.stitch(fam.model, ids, rows)
+        rows, deepstack = features_of(fam.model, processed) if processed else ([], None)
+        embeds = prompt_embeds(fam.model, ids, rows)
         grids = processed.inputs.get("image_grid_thw") if processed else None
         cache, cached_length = self.reusable(embeds[0])
         route = self.route or fam.route
@@ -150,7 +198,7 @@ class Conversation:
             kwargs = routes.features_kwargs(fam.model, ids, rows, deepstack=deepstack, image_grid_thw=grids,
                                             cached_length=cached_length)
         if self.use_cache:
-            kwargs["past_key_values"] = cache if cache is not None else routes.prefix_cache(fam.model)
+            kwargs["past_key_values"] = cache if cache is not None else empty_cache(fam.model)
         return kwargs, embeds
 
     def cross_attention_kwargs(self, ids: torch.Tensor, processed, images: list[Image.Image]) -> dict:
@@ -193,16 +241,18 @@ class Conversation:
 
 # -- Checks ----------------------------------------------------------------------------------------
 
-def check_turn(fam: Family, conversation: Conversation, messages: list[dict], images: list[Image.Image],
+def check_turn(fam: Family, conversation: Conversation, hf_inputs: HfInputs, images: list[Image.Image],
                other_images: list[Image.Image]) -> torch.Tensor:
-    """One turn: the picture matters, no near-tie, same ids and same reply as Hugging Face."""
-    text = chat_text(fam, messages)
-    ref_ids, ref_new, gaps = reference(fam, text, images)
-    _, other_new, _ = reference(fam, text, other_images)
+    """One turn: the picture matters, no near-tie, each image laid out as Hugging Face does, same reply."""
+    inputs = hf_inputs(images, return_tensors="pt")
+    ref_new, gaps = reference(fam, inputs)
+    other_new, _ = reference(fam, hf_inputs(other_images, return_tensors="pt"))
     assert not torch.equal(ref_new, other_new), f"{fam.name}: another picture gives the same reply"
     assert float(gaps.min()) > MIN_GAP, f"{fam.name}: a greedy step is a near-tie (gaps {gaps.tolist()})"
-    ids, new = conversation.reply(text, images)
-    assert torch.equal(ids, ref_ids), f"{fam.name}: prompt ids differ from the processor's"
+    processed = process_images(fam.processor, images) if images else None
+    if processed is not None:
+        check_layouts(fam, hf_inputs(images, **PLACES), processed)
+    new = conversation.reply(inputs["input_ids"], processed, images)
     assert torch.equal(new, ref_new), f"{fam.name}: reply {new.tolist()} != Hugging Face's {ref_new.tolist()}"
     return new
 
@@ -214,7 +264,8 @@ FAMILY_NAMES = list(vlm_families.FAMILIES)
 def test_one_image(name, family_folder):
     fam = family(name, family_folder)
     image, other = picture(64, 48, seed=1), picture(64, 48, seed=2)
-    check_turn(fam, Conversation(fam, use_cache=False), [user(image, "What is in the picture?")], [image], [other])
+    messages = [user(image, "What is in the picture?")]
+    check_turn(fam, Conversation(fam, use_cache=False), processor_inputs(fam, messages), [image], [other])
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
@@ -223,7 +274,8 @@ def test_two_images_of_different_sizes(name, family_folder):
     first, second = picture(64, 48, seed=3), picture(40, 72, seed=4)
     other = picture(40, 72, seed=5)
     messages = [user(first, second, "Which image is larger?")]
-    check_turn(fam, Conversation(fam, use_cache=False), messages, [first, second], [first, other])
+    check_turn(fam, Conversation(fam, use_cache=False), processor_inputs(fam, messages), [first, second],
+               [first, other])
 
 
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "prefix-cache"])
@@ -252,7 +304,7 @@ def three_turns(conversation: Conversation) -> None:
     messages: list[dict] = []
     for message, images, other_images in turns:
         messages.append(message)
-        new = check_turn(fam, conversation, messages, images, other_images)
+        new = check_turn(fam, conversation, processor_inputs(fam, messages), images, other_images)
         messages.append({"role": "assistant", "content": [{"type": "text", "text": fam.processor.decode(
             new, skip_special_tokens=True)}]})
     if conversation.use_cache:
@@ -260,63 +312,51 @@ def three_turns(conversation: Conversation) -> None:
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_public_functions_agree_with_one_processor_run(name, family_folder):
-    """`image_token_ids` and `image_features` (each runs the processor) give what one `process_images` run gives."""
-    fam = family(name, family_folder)
-    images = [picture(64, 48, seed=1), picture(40, 72, seed=2)]
-    processed = process_images(fam.processor, images)
-    ids = image_token_ids(fam.processor, images)
-    assert [t.ids.tolist() for t in ids] == [t.ids.tolist() for t in processed.tokens]
-    if fam.route == routes.CROSS_ATTENTION:
-        return
-    rows = image_features(fam.model, fam.processor, images)
-    assert [r.shape for r in rows] == [(int((t.ids == image_token_id(fam.model)).sum()), r.shape[-1])
-                                       for t, r in zip(ids, rows)]
-    assert all(torch.equal(a, b) for a, b in zip(rows, features_mod.features_of(fam.model, processed)[0]))
-
-
-def test_row_count_mismatch_names_both_counts(family_folder):
-    fam = family("qwen2_5_vl", family_folder)
-    ids, processed = prompt_ids(fam, chat_text(fam, [user(picture(64, 48, seed=1), "Hi")]), [picture(64, 48, seed=1)])
-    rows, _ = features_mod.features_of(fam.model, processed)
-    with pytest.raises(ValueError, match=r"tokens 12, feature rows 11"):
-        routes.stitch(fam.model, ids[None], [rows[0][:-1]])
-
-
-@pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_one_image_against_apply_chat_template(name, family_folder):
     """The other Hugging Face convention: `apply_chat_template(tokenize=True)` adds no special tokens when
     the rendered text starts with BOS, so a template that writes BOS gets one, where
     `processor(text=template text)` gets two (Gemma 3, Mistral3, Idefics3, Aya Vision, Mllama). The
-    same rule on the first text part matches it."""
+    layouts, features and route take those ids as they are."""
     fam = family(name, family_folder)
-    image = picture(64, 48, seed=1)
-    messages = [{"role": "user", "content": [{"type": "image", "image": image},
-                                             {"type": "text", "text": "What is in the picture?"}]}]
-    inputs = fam.processor.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt",
-                                               add_generation_prompt=True)
-    ref = fam.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-    text, bos = chat_text(fam, messages), fam.processor.tokenizer.bos_token
-    starts_with_bos = bos is not None and text.startswith(bos)
-    ids, new = Conversation(fam, use_cache=False).reply(text, [image], add_special_tokens=not starts_with_bos)
-    assert torch.equal(ids, inputs["input_ids"][0]) and torch.equal(new, ref)
+    image, other = picture(64, 48, seed=1), picture(64, 48, seed=2)
+    messages = [user(image, "What is in the picture?")]
+    check_turn(fam, Conversation(fam, use_cache=False), template_inputs(fam, messages), [image], [other])
+
+
+def test_row_count_mismatch_names_both_counts(family_folder):
+    fam = family("qwen2_5_vl", family_folder)
+    processed = process_images(fam.processor, [picture(64, 48, seed=1)])
+    tokens = processed.tokens[0]
+    image_id = image_token_id(fam.model)
+    first = int((tokens.ids == image_id).nonzero()[0, 0])
+    short = dataclasses.replace(tokens, ids=torch.cat([tokens.ids[:first], tokens.ids[first + 1:]]))
+    rows = int((tokens.ids == image_id).sum())  # what the tower gives for this picture
+    with pytest.raises(ValueError, match=rf"tokens {rows - 1} .*feature rows {rows}"):
+        features_of(fam.model, ProcessedImages(processed.inputs, [short]))
 
 
 def test_gemma3_text_around_the_image_goes_with_its_neighbours(family_folder):
     """Gemma 3 writes "\\n\\n" around an image; encoded apart from the template's own "\\n" it splits
-    differently (here "\\n" + "\\n\\n" against the processor's "\\n\\n" + "\\n"), so it must join the text parts."""
+    differently (here "\\n" + "\\n\\n" against the processor's "\\n\\n" + "\\n"). The layout keeps it
+    apart (`before`/`after`), and `split_prompt` joins it to the neighbouring text parts: encoded
+    with them, the prompt is the processor's."""
     fam = family("gemma3", family_folder)
     image = picture(64, 48, seed=1)
     text = chat_text(fam, [user(image, "What is in the picture?")])
     reference_ids = fam.processor(text=text, images=[image], return_tensors="pt")["input_ids"][0]
     tokens = process_images(fam.processor, [image]).tokens[0]
     assert tokens.before == tokens.after == "\n\n"
+
+    def encode(part: str, first: bool = False) -> torch.Tensor:
+        return fam.processor.tokenizer(part, add_special_tokens=first, return_tensors="pt")["input_ids"][0]
+
     before, after = text.split(image_placeholder(fam.processor))
-    encode = functools.partial(fam.processor.tokenizer, return_tensors="pt")
-    naive = torch.cat([encode(before)["input_ids"][0], encode(tokens.before, add_special_tokens=False)["input_ids"][0],
-                       tokens.ids, encode(tokens.after + after, add_special_tokens=False)["input_ids"][0]])
+    naive = torch.cat([encode(before, True), encode(tokens.before), tokens.ids, encode(tokens.after + after)])
     assert not torch.equal(naive, reference_ids)
-    assert torch.equal(prompt_ids(fam, text, [image])[0], reference_ids)
+    parts = split_prompt(text.replace(image_placeholder(fam.processor), make_tag(b"picture")), tokens.before,
+                         tokens.after)
+    assert [part.is_image for part in parts] == [False, True, False]
+    assert torch.equal(torch.cat([encode(parts[0].text, True), tokens.ids, encode(parts[2].text)]), reference_ids)
 
 
 def test_features_for_a_cache_that_ends_inside_an_image_keep_only_the_uncached_rows():

@@ -1,7 +1,8 @@
 """Per image, exactly the rows the model scatters at that image's image-token positions.
 
-In: a loaded `*ForConditionalGeneration` model, its processor, the images of one prompt. Out: one
-`(rows, hidden)` tensor per image from one batched call of the model's own `get_image_features`
+In: a loaded `*ForConditionalGeneration` model and `ProcessedImages` (`image_tokens.process_images`:
+the processor's tensors and each image's ids, for the images of one prompt). Out (`features_of`):
+one `(rows, hidden)` tensor per image from one batched call of the model's own `get_image_features`
 (its vision tower, feature layer, projector, pooling, newline rows, anyres packing), fed with the
 processor's tensors: `pixel_values` plus whatever this family's `get_image_features` names
 (Qwen `image_grid_thw`, Idefics3/SmolVLM `pixel_attention_mask`, LLaVA-NeXT/Mistral3 `image_sizes`,
@@ -9,24 +10,17 @@ LLaVA-OneVision `image_sizes` + `batch_num_images`). Rows are split per image by
 image tokens in each image's ids, so a count mismatch is caught here, naming both counts.
 
 Qwen3-VL's DeepStack features (rows added to the hidden states of the first LM layers at the same
-positions) come per image too, from `features_of`.
+positions) come per image too, as `features_of`'s second result.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
 
 import torch
-from PIL import Image
 
 from extensions.multimodal import loaded_model
 
-from .image_tokens import ProcessedImages, image_token_id, process_images
-
-
-def image_features(model, processor, images: Sequence[Image.Image]) -> list[torch.Tensor]:
-    """`(rows, hidden)` per image: what the model writes at that image's image-token rows."""
-    return features_of(model, process_images(processor, images))[0]
+from .image_tokens import ProcessedImages, image_token_id
 
 
 def tower_inputs(model, processed: ProcessedImages) -> dict[str, torch.Tensor]:

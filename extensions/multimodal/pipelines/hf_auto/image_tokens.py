@@ -96,11 +96,6 @@ def process_images(processor, images: Sequence[Image.Image], together: bool = Fa
     return ProcessedImages(inputs=inputs, tokens=tokens)
 
 
-def image_token_ids(processor, images: Sequence[Image.Image]) -> list[ImageTokens]:
-    """Per image, the ids its placeholder becomes (and any plain text around them); see `process_images`."""
-    return process_images(processor, images).tokens
-
-
 def split_replacement(tokenizer, replacement: str, pattern: re.Pattern | None = None) -> ImageTokens:
     """`replacement` as plain text before its first added token, ids up to its last, plain text after."""
     pattern = pattern or added_tokens_pattern(tokenizer)

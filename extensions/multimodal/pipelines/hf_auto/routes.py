@@ -1,8 +1,9 @@
 """How each family's language model takes a prompt with images: the `generate()` keyword arguments.
 
 In: the full prompt's ids `(1, n)` (with the image ids `image_tokens` gives) and either the stitched
-embeddings `(1, n, hidden)` or the per-image feature rows `image_features` gives. Out: a dict for
-`model.generate(**kwargs, max_new_tokens=...)`; add `past_key_values` for a prefix cache.
+embeddings `(1, n, hidden)` (the host's, `multimodal_embedder.stitch`) or the per-image feature rows
+`image_features.features_of` gives. Out: a dict for `model.generate(**kwargs, max_new_tokens=...)`;
+add `past_key_values` for a prefix cache.
 
 Routes (measured against `generate(**processor(...))`, tests/test_vlm_families_core.py):
 - "embeds": `inputs_embeds` + `attention_mask`. LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral3, Idefics3,
@@ -26,8 +27,8 @@ position + 1, which is `generate`'s own update). `mm_encoder_outputs` must hold 
 image tokens the cache does not hold: pass `cached_length`.
 
 A cache that is to be cropped must record the past of its sliding-window layers (Gemma 3, Aya
-Vision's Cohere2, Mistral with a window): `prefix_cache(model)` makes one. Without it `crop` raises
-once the window is full.
+Vision's Cohere2, Mistral with a window): the caller makes it so (`DynamicCache.activate_past_recording`;
+this repository's host: `modules/model_inputs.new_cache`). Without it `crop` raises once the window is full.
 
 With explicit `position_ids` Qwen's `rope_deltas` (state kept on the model between calls) is never
 read, so a previous request cannot leak into this one.
@@ -35,7 +36,6 @@ read, so a previous request cannot leak into this one.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .image_tokens import image_token_id
@@ -61,31 +61,6 @@ def route_for(model) -> str:
     if model_type not in ROUTES:
         raise ValueError(f"No image route for model type {model_type!r}; known: {', '.join(sorted(ROUTES))}")
     return ROUTES[model_type]
-
-
-def prefix_cache(model) -> DynamicCache:
-    """An empty KV cache for `generate` that can later be cropped to a shared prefix, sliding layers included.
-
-    Sliding-window layers then keep every state until `crop` (which trims them back to the window),
-    so a turn's cache holds the whole sequence, like the full-attention layers do.
-    """
-    cache = DynamicCache(config=model.config)
-    cache.activate_past_recording()
-    return cache
-
-
-def stitch(model, input_ids: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:
-    """`(1, n, hidden)`: token embeddings of `input_ids` `(1, n)` with image-token rows replaced, in order."""
-    with torch.inference_mode():
-        embeds = model.get_input_embeddings()(input_ids)
-    mask = input_ids == image_token_id(model)
-    rows = torch.cat(features).to(embeds.device, embeds.dtype) if features else embeds.new_zeros(0, embeds.shape[-1])
-    if int(mask.sum()) != rows.shape[0]:
-        raise ValueError(f"Image features and image tokens do not match: tokens {int(mask.sum())}, "
-                         f"feature rows {rows.shape[0]}")
-    embeds = embeds.clone()
-    embeds[mask] = rows
-    return embeds
 
 
 def embeds_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> dict:
