@@ -33,6 +33,13 @@ HISTORY_DIR = shared.ROOT / "logs" / "chat"
 FALLBACK_USER, FALLBACK_BOT = "User:", "Assistant:"
 # The pictures sent with the user message being added (file paths, bytes or PIL images, in order).
 MESSAGE_IMAGES = "message_images"
+# The picture budget of this message or request, for an image extension to read (multimodal: "default",
+# "low", "high" or a number of pixels); and what such an extension reports about the turn's prompt: the
+# tokens each picture kept takes (prompt order), and the pictures left out to fit the context
+# ([{"turn": n, "image": k}], 1-based).
+IMAGE_BUDGET = "image_budget"
+IMAGE_TOKENS = "image_tokens"
+DROPPED_IMAGES = "dropped_images"
 
 
 class ChatHistoryError(ValueError):
@@ -169,6 +176,8 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
 def start_turn(state: dict) -> dict:
     """The `history` and `state` hooks for a new turn; returns the history the turn writes to."""
     state["notices"] = []  # this turn's: the chat_input hooks and the generation append to it
+    for key in (IMAGE_TOKENS, DROPPED_IMAGES):  # this turn's prompt's, once the extension reports them
+        state.pop(key, None)
     output = apply_extensions("history", copy.deepcopy(state["history"]))
     returned = apply_extensions("state", state)
     if returned is not state:  # callers read generation_stats and notices from the dict they passed

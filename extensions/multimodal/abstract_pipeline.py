@@ -132,6 +132,12 @@ class AbstractMultimodalPipeline(ABC):
         """
         return None
 
+    def budget_knob(self) -> Optional[str]:
+        """What a picture budget (`image_budget.Budget`) changes, e.g. "pixels per picture"; None when every
+        picture costs the same. A pipeline that names one takes `budget=` in `image_layout` and
+        `embed_images`, and lays out and embeds each picture as that budget allows."""
+        return None
+
     def embeds_all_images(self) -> bool:
         """Whether every image in the prompt is embedded when `add_all_images_to_prompt` is unset (None);
         False: only the newest (older ones get `placeholder_embeddings()`), as the original extension did."""

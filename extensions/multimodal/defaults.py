@@ -30,6 +30,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "max_image_pixels": 40_000_000,
     # the most images embedded in one prompt (None: only the pipeline's own limit)
     "max_images_per_prompt": None,
+    # what each picture may cost: "default" (the checkpoint's processor settings), "low" (at most 512x512
+    # pixels), "high" (up to 2048x2048, never less than the default) or a number of pixels (image_budget.py)
+    "image_budget": "default",
     # image embeddings kept between turns, in MiB (0 turns the cache off)
     "embedding_cache_mb": 256,
     # more folders holding pipeline modules, searched after extensions/multimodal/pipelines/
@@ -47,6 +50,12 @@ DEFAULT_PARAMS: dict[str, Any] = {
 # holds that gives generate()'s keyword arguments.
 MESSAGE_IMAGES = "message_images"
 MODEL_ROUTE = "model_route"
+# The message's or request's picture budget (image_budget.py); and what the extension reports back for
+# the host to show: the prompt tokens of each picture kept (prompt order), and the pictures left out to
+# fit the context (per picture, its turn, 1-based, and its place among that turn's pictures).
+IMAGE_BUDGET = "image_budget"
+IMAGE_TOKENS = "image_tokens"
+DROPPED_IMAGES = "dropped_images"
 # In hosts that build generate()'s inputs themselves (text-generation-webui): the processor's tensors
 # beside the ids the tokenizer hook returned, for the one generate() call of this reply.
 PROCESSOR_INPUTS = "multimodal_processor_inputs"

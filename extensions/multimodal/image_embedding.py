@@ -7,7 +7,7 @@ key is the picture's bytes plus everything else that changes its rows (`pipeline
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -15,6 +15,7 @@ from extensions.multimodal.abstract_pipeline import feature_rows
 from extensions.multimodal.defaults import max_image_pixels, with_defaults
 from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
                                                    tensor_nbytes)
+from extensions.multimodal.image_budget import Budget
 from extensions.multimodal.image_codec import b64_to_bytes, decode_image_bytes, image_label
 from extensions.multimodal.prompt_parts import PromptPart
 
@@ -29,11 +30,13 @@ class ImageEmbedder:
         self.params = params
         self.cache = BoundedLRU(megabytes(with_defaults(params)["embedding_cache_mb"]))
 
-    def embed(self, parts: List[PromptPart], several: bool = False) -> int:
-        """Features for every image part in `parts`; returns how many came from the cache."""
+    def embed(self, parts: List[PromptPart], several: bool = False, budget: Optional[Budget] = None) -> int:
+        """Features for every image part in `parts`; returns how many came from the cache. `budget`: for
+        pipelines that take one (`prompt_encoding.takes_budget`), else None."""
         if not parts:
             return 0
-        context = pipeline_context(self.pipeline, self.params) + ("|one of several" if several else "")
+        context = pipeline_context(self.pipeline, self.params) + ("|one of several" if several else "") + \
+            (f"|budget={budget.name}" if budget is not None else "")
         data = [image_bytes(part) for part in parts]
         keys = [image_cache_key(one, context) for one in data]
         found: Dict[str, torch.Tensor] = {}
@@ -45,17 +48,19 @@ class ImageEmbedder:
         # One per distinct image: its part and its bytes.
         misses = {key: (part, one) for key, part, one in zip(keys, parts, data) if key not in found}
         if misses:
-            found.update(self.embed_misses(misses, several))
+            found.update(self.embed_misses(misses, several, budget))
         for key, part in zip(keys, parts):
             part.features, part.embedding = found[key], feature_rows(found[key])
         return from_cache
 
-    def embed_misses(self, misses: Dict[str, Tuple[PromptPart, bytes]], several: bool) -> Dict[str, torch.Tensor]:
+    def embed_misses(self, misses: Dict[str, Tuple[PromptPart, bytes]], several: bool,
+                     budget: Optional[Budget]) -> Dict[str, torch.Tensor]:
         """`misses`: per cache key, the image part and its bytes."""
         parts = [part for part, _ in misses.values()]
         images = [decode_image_bytes(data, max_image_pixels(self.params), image_label(part.index))
                   for part, data in misses.values()]
-        output = self.pipeline.embed_images(images, several=True) if several else self.pipeline.embed_images(images)
+        kwargs = ({"several": True} if several else {}) | ({"budget": budget} if budget is not None else {})
+        output = self.pipeline.embed_images(images, **kwargs)
         counts = [int(feature_positions(part, self.pipeline).sum()) for part in parts]
         fresh = dict(zip(misses, split_image_rows(output, counts, self.pipeline.name())))
         for key, embedding in fresh.items():

@@ -20,12 +20,13 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from extensions.multimodal import loaded_model
+from extensions.multimodal import image_budget, loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, feature_rows, overrides
 from extensions.multimodal.image_embedding import EmbeddingCountError, ImageEmbedder, feature_positions
 from extensions.multimodal.pad_safe_ids import unmaskable
 from extensions.multimodal.pipeline_loader import load_pipeline
-from extensions.multimodal.prompt_encoding import PromptEncoder, PromptTooLongError
+from extensions.multimodal.image_budget import Budget
+from extensions.multimodal.prompt_encoding import PromptEncoder, PromptTooLongError, takes_budget
 from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens
 from modules.logging_colors import logger
 
@@ -51,6 +52,7 @@ class Embedded:
     route: Optional[Callable]  # the pipeline's `generate_kwargs` result, None when embeddings suffice
     images: int  # images kept in the prompt
     stats: EmbedStats
+    image_tokens: List[int]  # per image kept, in prompt order: the prompt tokens it takes
 
 
 class MultimodalEmbedder:
@@ -66,10 +68,10 @@ class MultimodalEmbedder:
         self._warned_placeholder_rows = False
 
     def len_in_tokens(self, prompt: str) -> int:
-        """The prompt's length in tokens, images included (a picture is decoded only where the pipeline
-        lays it out from its pixels: see `prompt_encoding`)."""
+        """The prompt's length in tokens, images included, at the setting's budget (a picture is decoded
+        only where the pipeline lays it out from its pixels: see `prompt_encoding`)."""
         self._reset_caches_if_model_changed()
-        return self.prompts.measure(prompt)
+        return self.prompts.measure(prompt, self._budget({}))
 
     def embeds_all_images(self) -> bool:
         return self.prompts.embeds_all_images()
@@ -77,14 +79,14 @@ class MultimodalEmbedder:
     def forward(self, prompt: str, state: dict) -> Embedded:
         started = time.perf_counter()
         self._reset_caches_if_model_changed()
-        stats = EmbedStats()
+        stats, budget = EmbedStats(), self._budget(state)
         with torch.inference_mode():
-            parts, stats.removed_images = self.prompts.encode(prompt, state)
+            parts, stats.removed_images = self.prompts.encode(prompt, state, budget)
             self._older_images_as_placeholders(parts)
             self._check_image_limit(parts)
             to_embed = [part for part in parts if part.is_image and part.embedding is None]
             stats.images = len(to_embed)
-            stats.from_cache = self.images.embed(to_embed, self.prompts.several(parts))
+            stats.from_cache = self.images.embed(to_embed, self.prompts.several(parts), budget)
             self._embed_text(parts)
             input_ids, inputs_embeds = stitch(parts, self.pipeline.name())
             route = self._route(parts, input_ids, inputs_embeds)
@@ -92,7 +94,12 @@ class MultimodalEmbedder:
                                    torch.zeros_like(part.input_ids, dtype=torch.bool) for part in parts])
             input_ids = unmaskable(input_ids, positions, self.pipeline)
         stats.seconds = time.perf_counter() - started
-        return Embedded(input_ids, inputs_embeds, route, count_images(parts), stats)
+        tokens = [n_tokens(part) for part in parts if part.is_image]
+        return Embedded(input_ids, inputs_embeds, route, count_images(parts), stats, tokens)
+
+    def _budget(self, state: dict) -> Optional[Budget]:
+        """The message's or request's budget, else the setting's; None for a pipeline that takes none."""
+        return image_budget.resolve(state, self.params) if takes_budget(self.pipeline) else None
 
     def _older_images_as_placeholders(self, parts: List[PromptPart]) -> None:
         """Every image but the last gets placeholder embeddings, unless every image is embedded."""

@@ -13,14 +13,15 @@ many times per turn.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
-from extensions.multimodal import notices
+from extensions.multimodal import dropped_pictures, notices
 from extensions.multimodal.abstract_pipeline import ImageLayout, overrides
-from extensions.multimodal.defaults import max_image_pixels
+from extensions.multimodal.defaults import DROPPED_IMAGES, max_image_pixels
 from extensions.multimodal.embedding_cache import BoundedLRU, tensor_nbytes
+from extensions.multimodal.image_budget import Budget
 from extensions.multimodal.image_codec import image_for_counting, image_label, tag_b64_to_image
 from extensions.multimodal.loaded_model import model_device, tokenizer
 from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
@@ -44,15 +45,16 @@ class PromptEncoder:
         prompt = rewrite(prompt) if rewrite is not None else prompt
         return split_prompt(prompt, self.pipeline.image_start(), self.pipeline.image_end())
 
-    def measure(self, prompt: str) -> int:
+    def measure(self, prompt: str, budget: Optional[Budget] = None) -> int:
         with torch.inference_mode():
-            parts = self.assign_ids(self.split(prompt), add_bos=True)
+            parts = self.assign_ids(self.split(prompt), add_bos=True, budget=budget)
         return sum(n_tokens(part) for part in parts)
 
-    def encode(self, prompt: str, state: dict) -> Tuple[List[PromptPart], int]:
-        """(the parts that fit, with ids; how many images were dropped to fit)."""
+    def encode(self, prompt: str, state: dict, budget: Optional[Budget] = None) -> Tuple[List[PromptPart], int]:
+        """(the parts that fit, with ids; how many images were dropped to fit). `budget`: what each
+        picture may cost, for pipelines that take one (None: the checkpoint's settings)."""
         add_bos = bool(state.get("add_bos_token", True))
-        parts = self.assign_ids(self.split(prompt), add_bos)
+        parts = self.assign_ids(self.split(prompt), add_bos, budget)
         max_length = get_max_prompt_length(state)
         if max_length <= 0:
             raise PromptTooLongError(
@@ -60,7 +62,7 @@ class PromptEncoder:
                 f"({state['max_new_tokens']}) = {max_length} tokens. Lower max_new_tokens.")
         kept, removed = truncate_parts(parts, max_length, self.start_marker_length())
         if removed and self.several(kept) != self.several(parts):  # the last picture left lays out alone
-            kept, more = truncate_parts(self.assign_ids(kept, add_bos), max_length, self.start_marker_length())
+            kept, more = truncate_parts(self.assign_ids(kept, add_bos, budget), max_length, self.start_marker_length())
             removed += more
         if sum(n_tokens(part) for part in kept) == 0:
             raise PromptTooLongError(
@@ -68,20 +70,19 @@ class PromptEncoder:
                 f"fit in {max_length} tokens (truncation_length - max_new_tokens) even after dropping images. "
                 f"Lower max_new_tokens.")
         if removed:
-            notices.tell(state, f"Removed {removed} image(s) from the start of the prompt: it did not fit in "
-                                f"{max_length} tokens (truncation_length - max_new_tokens). Lower max_new_tokens or "
-                                f"start a new chat to keep them.")
+            tell_dropped(state, [part for part in parts if part.is_image and not any(part is k for k in kept)],
+                         max_length)
         return kept, removed
 
     def start_marker_length(self) -> int:
         start = self.pipeline.image_start() or ""
         return len(self.text_ids(start, first=False)) if start else 0
 
-    def assign_ids(self, parts: List[PromptPart], add_bos: bool) -> List[PromptPart]:
+    def assign_ids(self, parts: List[PromptPart], add_bos: bool, budget: Optional[Budget] = None) -> List[PromptPart]:
         embedded, several = self.images_to_embed(parts), self.several(parts)
         for i, part in enumerate(parts):
             if part.is_image:
-                part.layout = self.image_layout(part, part.index in embedded, several)
+                part.layout = self.image_layout(part, part.index in embedded, several, budget)
                 part.input_ids = part.layout.ids
             else:
                 part.input_ids = self.text_ids(part.text, first=i == 0, add_bos=add_bos)
@@ -100,23 +101,26 @@ class PromptEncoder:
         depends = getattr(self.pipeline, "layout_depends_on_count", None)
         return bool(depends and depends()) and count_images(parts) > 1
 
-    def image_layout(self, part: PromptPart, embedded: bool, several: bool = False) -> ImageLayout:
+    def image_layout(self, part: PromptPart, embedded: bool, several: bool = False,
+                     budget: Optional[Budget] = None) -> ImageLayout:
         """The ids an image becomes: `num_image_embeds()` placeholders, or the pipeline's own per-image layout."""
         pixels = overrides(self.pipeline, "image_layout")  # a processor's own layout needs the pixels
         if not (embedded and (pixels or overrides(self.pipeline, "num_image_embeds_for"))):
             return ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds())))
-        key = ("image layout", part.b64, several)
+        budget = budget if takes_budget(self.pipeline) else None
+        key = ("image layout", part.b64, several, budget)
         layout = self.memo.get(key)
         if layout is None:
             read = tag_b64_to_image if pixels else image_for_counting  # a count from the size needs the header only
             image = read(part.b64, max_image_pixels(self.params), image_label(part.index))
-            layout = self.layout_of(image, several) if pixels else \
+            layout = self.layout_of(image, several, budget) if pixels else \
                 ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
             self.memo.put(key, layout, tensor_nbytes(layout.ids) + len(part.b64))
         return layout
 
-    def layout_of(self, image, several: bool) -> ImageLayout:
-        layout = self.pipeline.image_layout(image, several=True) if several else self.pipeline.image_layout(image)
+    def layout_of(self, image, several: bool, budget: Optional[Budget]) -> ImageLayout:
+        kwargs = ({"several": True} if several else {}) | ({"budget": budget} if budget is not None else {})
+        layout = self.pipeline.image_layout(image, **kwargs)
         return ImageLayout(layout.ids.to(device=model_device(), dtype=torch.int64), layout.info)
 
     def placeholder_ids(self, count: int) -> torch.Tensor:
@@ -137,6 +141,22 @@ class PromptEncoder:
             ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64) if first else encode_after_special(text)
             self.memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
         return ids
+
+
+def takes_budget(pipeline) -> bool:
+    """Whether the pipeline lays out and embeds pictures by a budget (`budget_knob`)."""
+    knob = getattr(pipeline, "budget_knob", None)  # absent in pipelines of the original
+    return bool(knob and knob())
+
+
+def tell_dropped(state: dict, dropped: List[PromptPart], max_length: int) -> None:
+    """The user learns which pictures were left out; `state[DROPPED_IMAGES]` says it for hosts to show."""
+    located = dropped_pictures.locate([part.b64 for part in dropped], state)
+    state[DROPPED_IMAGES] = located
+    notices.tell(state, f"Removed {len(dropped)} image(s) from the start of the prompt: "
+                        f"{dropped_pictures.describe(located)} {'was' if len(dropped) == 1 else 'were'} left out "
+                        f"to fit the context ({max_length} tokens: truncation_length - max_new_tokens). Lower "
+                        f"max_new_tokens or start a new chat to keep them.")
 
 
 def embeds_all_images(params: dict, pipeline=None) -> bool:

@@ -85,13 +85,14 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from extensions.multimodal import loaded_model  # noqa: E402
-from extensions.multimodal import notices, prompt_encoding  # noqa: E402
-from extensions.multimodal.defaults import (DEFAULT_PARAMS, MESSAGE_IMAGES, MODEL_ROUTE,  # noqa: E402
-                                            PROCESSOR_INPUTS, max_image_pixels)
+from extensions.multimodal import image_budget, notices, prompt_encoding  # noqa: E402
+from extensions.multimodal.defaults import (DEFAULT_PARAMS, IMAGE_TOKENS, MESSAGE_IMAGES,  # noqa: E402
+                                            MODEL_ROUTE, PROCESSOR_INPUTS, max_image_pixels)
 from extensions.multimodal.image_codec import (IMAGE_TAG_RE, ImageDecodeError, Stored,  # noqa: E402
                                                check_history_format, ordinal, store_bytes, store_image)
 from extensions.multimodal.multimodal_embedder import MultimodalEmbedder  # noqa: E402
 from extensions.multimodal.native_media import MEDIA_MARKER, markers_to_tags  # noqa: E402
+from extensions.multimodal.pipelines.hf_auto import budget_kwargs  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.auto_classes import register_image_text_classes  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.routes import ROUTES  # noqa: E402
@@ -326,12 +327,16 @@ def custom_tokenized_length(prompt: str) -> Optional[int]:
     if processor_route():
         if IMAGE_TAG_RE.search(prompt) is None:
             return None  # the host measures text itself (every host falls back on None)
-        return int(route_inputs(prompt, add_bos=False)["input_ids"].shape[-1])
+        return int(route_inputs(prompt, add_bos=False, state={})["input_ids"].shape[-1])
     return embedder().len_in_tokens(prompt)
 
 
-def route_inputs(tagged: str, add_bos: bool):
-    return processor_inputs(loaded_model.processor(), tagged, add_bos, max_image_pixels(params))
+def route_inputs(tagged: str, add_bos: bool, state: dict):
+    """The processor's inputs for `tagged`, its pictures at the message's or the setting's budget."""
+    processor = loaded_model.processor()
+    kwargs = budget_kwargs.images_kwargs(shared.model.config.model_type, processor.image_processor,
+                                         image_budget.resolve(state, params))
+    return processor_inputs(processor, tagged, add_bos, max_image_pixels(params), kwargs)
 
 
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
@@ -347,6 +352,7 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
         # This repository's host builds generate()'s inputs with it (3-D positions, precomputed features);
         # hosts without it (text-generation-webui) generate from the embeddings.
         state[MODEL_ROUTE] = embedded.route
+    state[IMAGE_TOKENS] = embedded.image_tokens
     device, dtype = loaded_model.placement()
     return (prompt, embedded.input_ids.unsqueeze(0).to(device, torch.int64),
             embedded.inputs_embeds.unsqueeze(0).to(device, dtype))
@@ -354,7 +360,7 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
 
 def processor_route_ids(tagged: str, state: dict) -> torch.Tensor:
     """The processor's ids for `tagged`; its other tensors go to `state[PROCESSOR_INPUTS]` for generate()."""
-    inputs = route_inputs(tagged, add_bos=bool(state.get("add_bos_token", False)))
+    inputs = route_inputs(tagged, add_bos=bool(state.get("add_bos_token", False)), state=state)
     device, dtype = loaded_model.placement()
     tensors = {key: loaded_model.placed(value, device, dtype) for key, value in inputs.items()}
     ids = tensors.pop("input_ids")

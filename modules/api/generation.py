@@ -50,6 +50,8 @@ def build_state(params: GenerationParams) -> dict[str, Any]:
         if getattr(params, key) is not None:
             state[key] = getattr(params, key)
     state["seed"] = -1 if params.seed is None else params.seed
+    if params.image_budget is not None:
+        state[chat.IMAGE_BUDGET] = params.image_budget
     if params.logits_processor_args is not None and params.vllm_xargs is not None:
         raise APIError(422, "Send logits_processor_args or vllm_xargs (the same thing under vLLM's name), not both",
                        param="vllm_xargs", code="invalid_parameter")

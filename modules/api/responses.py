@@ -2,7 +2,10 @@
 
 `Reply` carries what one generation produced; `Shape` knows the endpoint's object names and where
 the text goes (`message.content` / `delta.content` for chat, `text` for completions). Warnings from
-`state['notices']` (e.g. images removed by truncation) ride in a `warnings` field.
+`state['notices']` (e.g. images removed by truncation) ride in a `warnings` field. Beyond OpenAI's
+fields: `usage.prompt_tokens_details.image_tokens` (the prompt tokens the pictures take, when the
+prompt holds any) and `dropped_images` (`[{"turn": n, "image": k}]`: the pictures left out to fit the
+context, by their turn among the request's messages and their place in it, both 1-based).
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ class Reply:
     text: str
     stats: dict[str, Any]  # state['generation_stats']: prompt_tokens, completion_tokens, finish_reason
     warnings: list[str] = field(default_factory=list)
+    image_tokens: list[int] | None = None  # per picture kept in the prompt; None: no picture
+    dropped_images: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -42,10 +47,8 @@ class Shape:
         else:
             choice = {"index": 0, "text": reply.text, "logprobs": None, "finish_reason": finish}
         body = self.header("chat.completion" if self.chat else "text_completion")
-        body.update(choices=[choice], usage=usage(reply.stats))
-        if reply.warnings:
-            body["warnings"] = reply.warnings
-        return body
+        body.update(choices=[choice], usage=usage(reply))
+        return body | extras(reply)
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict[str, Any]:
         if self.chat:
@@ -60,20 +63,31 @@ class Shape:
         return body
 
     def final_chunk(self, reply: Reply) -> dict[str, Any]:
-        body = self.chunk(None, reply.stats.get("finish_reason", "stop"))
-        if reply.warnings:
-            body["warnings"] = reply.warnings
-        return body
+        return self.chunk(None, reply.stats.get("finish_reason", "stop")) | extras(reply)
 
     def usage_chunk(self, reply: Reply) -> dict[str, Any]:
         body = self.header("chat.completion.chunk" if self.chat else "text_completion")
-        body.update(choices=[], usage=usage(reply.stats))
+        body.update(choices=[], usage=usage(reply))
         return body
 
 
-def usage(stats: dict[str, Any]) -> dict[str, int]:
-    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(reply: Reply) -> dict[str, Any]:
+    prompt, completion = int(reply.stats.get("prompt_tokens", 0)), int(reply.stats.get("completion_tokens", 0))
+    counts: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                              "total_tokens": prompt + completion}
+    if reply.image_tokens is not None:
+        counts["prompt_tokens_details"] = {"image_tokens": sum(reply.image_tokens)}
+    return counts
+
+
+def extras(reply: Reply) -> dict[str, Any]:
+    """The fields beyond OpenAI's a reply has: `warnings`, `dropped_images`."""
+    fields: dict[str, Any] = {}
+    if reply.warnings:
+        fields["warnings"] = reply.warnings
+    if reply.dropped_images:
+        fields["dropped_images"] = reply.dropped_images
+    return fields
 
 
 def sse(payload: dict[str, Any] | str) -> str:

@@ -14,7 +14,7 @@ from typing import AsyncIterator, Callable, Iterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from modules import shared
+from modules import chat, shared
 from modules.api import generation, messages, responses
 from modules.api.config import APIConfig
 from modules.api.errors import APIError
@@ -163,7 +163,8 @@ def finished(text: str, state: dict, shape: responses.Shape) -> responses.Reply:
     warnings = [str(n) for n in state.get("notices") or []]
     for warning in warnings:
         logger.warning(f"API {shape.id}: {warning}")
-    return responses.Reply(text, state.get("generation_stats", {}), warnings)
+    return responses.Reply(text, state.get("generation_stats", {}), warnings, state.get(chat.IMAGE_TOKENS),
+                           list(state.get(chat.DROPPED_IMAGES) or []))
 
 
 async def stream_events(request: Request, run: GenerationRun, first: tuple, state: dict, shape: responses.Shape,

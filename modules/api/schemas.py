@@ -36,6 +36,8 @@ class GenerationParams(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0)
     ban_eos_token: bool | None = None
     truncation_length: int | None = Field(None, ge=1)
+    # What each picture may cost, for the image extension: "default", "low", "high" or a number of pixels.
+    image_budget: str | int | None = None
     # Arguments for the loaded logits processors (their `RequestParams.extra_args`); vLLM's name works too.
     logits_processor_args: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None

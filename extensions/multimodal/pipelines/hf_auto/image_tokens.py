@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from PIL import Image
@@ -67,18 +67,20 @@ def image_token_id(model) -> int:
     raise ValueError(f"{type(model).__name__}'s config has no image_token_id / image_token_index")
 
 
-def process_images(processor, images: Sequence[Image.Image], together: bool = False) -> ProcessedImages:
+def process_images(processor, images: Sequence[Image.Image], together: bool = False,
+                   images_kwargs: Optional[dict] = None) -> ProcessedImages:
     """Run the processor once on the images of one prompt; their tensors and their ids.
 
     Images go in as given (the processor converts modes itself), one placeholder each; `together`:
-    as one conversation's pictures (see the module docstring).
+    as one conversation's pictures (see the module docstring); `images_kwargs`: the image
+    processor's per-call settings (a budget: `budget_kwargs`).
     """
     if not images:
         raise ValueError("process_images needs at least one image, got 0")
     images = list(images)
     text = image_placeholder(processor) * len(images)
     inputs = processor(text=[text], images=[images] if together else images, return_tensors="pt",
-                       add_special_tokens=False, return_text_replacement_offsets=True)
+                       add_special_tokens=False, return_text_replacement_offsets=True, **(images_kwargs or {}))
     replacements = inputs.pop("text_replacement_offsets", None)
     pattern = added_tokens_pattern(processor.tokenizer)
     if replacements is None:  # the processor keeps its placeholder as is (Mllama: one <|image|> per image)

@@ -74,7 +74,8 @@ def with_bos_rule(text: str, bos_token: Optional[str], add_bos: bool) -> str:
     return text if not add_bos or text.startswith(bos_token) else bos_token + text
 
 
-def processor_inputs(processor, prompt: str, add_bos: bool, max_pixels: int) -> BatchFeature:
+def processor_inputs(processor, prompt: str, add_bos: bool, max_pixels: int,
+                     images_kwargs: dict | None = None) -> BatchFeature:
     """The processor's tensors for `prompt`, each tag replaced by `image_text` and its picture.
 
     As Hugging Face's `apply_chat_template(..., tokenize=True)` calls the processor: the pictures as
@@ -92,4 +93,5 @@ def processor_inputs(processor, prompt: str, add_bos: bool, max_pixels: int) -> 
     bos = processor.tokenizer.bos_token
     text = with_bos_rule("".join(pieces) + prompt[last:], bos, add_bos)
     return processor(text=[text], images=[images] if images else None,
-                     add_special_tokens=not (bos and text.startswith(bos)), return_tensors="pt")
+                     add_special_tokens=not (bos and text.startswith(bos)), return_tensors="pt",
+                     **(images_kwargs or {}) if images else {})

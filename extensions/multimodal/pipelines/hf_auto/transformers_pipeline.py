@@ -23,7 +23,7 @@ from extensions.multimodal.defaults import with_defaults
 from extensions.multimodal.image_codec import IMAGE_TAG_RE
 from modules.logging_colors import logger
 
-from . import cross_attention, routes
+from . import budget_kwargs, cross_attention, routes
 from .image_features import features_of
 from .image_tokens import image_placeholder, image_token_id, process_images
 
@@ -122,15 +122,16 @@ class TransformersPipeline(AbstractMultimodalPipeline):
     def placeholder_embeddings(self) -> torch.Tensor:
         return self.embed_tokens(torch.full((self.tokens_per_image,), self.image_id, dtype=torch.long))
 
-    def embed_images(self, images: List[Image.Image], several: bool = False) -> List[torch.Tensor]:
+    def embed_images(self, images: List[Image.Image], several: bool = False, budget=None) -> List[torch.Tensor]:
         """`(rows, hidden)` per image, from one batched `get_image_features`, on the LM's device and dtype;
         Qwen3-VL: `(rows, 1 + DeepStack layers, hidden)` (see `feature_rows`).
 
-        `several`: the images belong to a prompt holding more than one (`layout_depends_on_count`).
+        `several`: the images belong to a prompt holding more than one (`layout_depends_on_count`);
+        `budget`: what each may cost (`image_budget.Budget`; None: the checkpoint's settings).
         """
         if not images:
             raise ValueError("embed_images needs at least one image, got 0")
-        processed = process_images(self.processor, with_company(images, several), several)
+        processed = self._process(with_company(images, several), several, budget)
         if self.route == routes.CROSS_ATTENTION:
             rows = cross_attention.image_features(self.model, processed)
         else:
@@ -142,12 +143,20 @@ class TransformersPipeline(AbstractMultimodalPipeline):
 
     # -- Optional capabilities --------------------------------------------------------------------
 
-    def image_layout(self, image: Image.Image, several: bool = False) -> ImageLayout:
-        processed = process_images(self.processor, with_company([image], several), several)
+    def image_layout(self, image: Image.Image, several: bool = False, budget=None) -> ImageLayout:
+        processed = self._process(with_company([image], several), several, budget)
         grid = processed.inputs.get("image_grid_thw")
         if self.route == routes.CROSS_ATTENTION:
             return ImageLayout(processed.tokens[0].ids, {"tiles": cross_attention.tiles_per_image(processed)[0]})
         return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid[:1]} if grid is not None else {})
+
+    def _process(self, images: List[Image.Image], several: bool, budget):
+        kwargs = budget_kwargs.images_kwargs(self.model.config.model_type, self.processor.image_processor, budget)
+        return process_images(self.processor, images, several, kwargs)
+
+    def budget_knob(self) -> Optional[str]:
+        """What a picture budget changes for this family (`budget_kwargs`); None: every picture costs the same."""
+        return budget_kwargs.knob(self.model.config.model_type)
 
     def layout_depends_on_count(self) -> bool:
         """Whether a picture's layout and rows change once its prompt holds several (LLaVA-OneVision);

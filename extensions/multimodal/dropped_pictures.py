@@ -1,0 +1,51 @@
+"""Naming the pictures that were left out to fit the context: their turn, and their place in it.
+
+Truncation drops the prompt's leading pictures (`prompt_encoding`). The prompt holds the history's
+pictures in order, then the new message's: each dropped picture is matched, in order, to the next
+history picture with the same data; one found in no earlier turn belongs to the new message.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from extensions.multimodal.image_codec import IMAGE_TAG_RE
+
+
+def history_turns(state: dict) -> list:
+    history = state.get("history")
+    return list(history.get("internal", [])) if isinstance(history, dict) else []
+
+
+def history_pictures(state: dict) -> List[tuple[int, int, str]]:
+    """(turn, place in the turn, base64 data) of every picture in the history's user messages, 1-based."""
+    internal = history_turns(state)
+    found = []
+    for turn, exchange in enumerate(internal, start=1):
+        user = exchange[0] if exchange else ""
+        for place, match in enumerate(IMAGE_TAG_RE.finditer(str(user or "")), start=1):
+            found.append((turn, place, match.group("data")))
+    return found
+
+
+def locate(dropped: List[str], state: dict) -> List[dict]:
+    """Per dropped picture (its base64 data, prompt order): `{"turn": n, "image": k}`."""
+    pictures, position, located = history_pictures(state), 0, []
+    new_turn = len(history_turns(state)) + 1
+    for data in dropped:
+        while position < len(pictures) and pictures[position][2] != data:
+            position += 1
+        if position < len(pictures):
+            located.append({"turn": pictures[position][0], "image": pictures[position][1]})
+            position += 1
+        else:
+            located.append({"turn": new_turn, "image": 1 + sum(1 for p in located if p["turn"] == new_turn)})
+    return located
+
+
+def describe(located: List[dict]) -> str:
+    """"the picture from turn 2", "the pictures from turns 1 and 3" ..."""
+    turns = sorted({entry["turn"] for entry in located})
+    names = ", ".join(map(str, turns[:-1])) + (" and " if len(turns) > 1 else "") + str(turns[-1])
+    if len(located) == 1:
+        return f"the picture from turn {turns[0]}"
+    return f"the {len(located)} pictures from turn{'s' if len(turns) > 1 else ''} {names}"
