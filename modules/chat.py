@@ -11,7 +11,9 @@ input, custom_generate_chat_prompt, bot_prefix (while the prompt is built), then
 custom_generate_reply (an extension that offers it generates instead of the host) or tokenizer and
 logits_processor, output. Pictures sent with the user message travel in
 `state['message_images']`; an extension's `chat_input_modifier` takes them into the text (the
-multimodal extension writes image tags). Pictures no extension takes are refused.
+multimodal extension writes image tags). Pictures no extension takes are refused. When the turn
+ends, each picture of its user message that the prompt kept gets a caption in the visible text
+("N tokens", from the extension's `state['image_tokens']`: `caption_pictures`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Iterator
 
 from modules import chat_templates, shared
 from modules.extensions import apply_extensions
+from modules.html_generator import IMAGE_CAPTION_RE, image_caption, image_tag_pattern
 from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length
 
 HISTORY_DIR = shared.ROOT / "logs" / "chat"
@@ -107,8 +110,26 @@ def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
         prompt = render_messages(messages, state, continue_last=_continue)
         # Keep at least the turn being answered; the tokenizer hook truncates what still does not fit.
         if len(turns) <= (1 if _continue else 0) or get_encoded_length(prompt) <= max_length:
+            tell_dropped_turns(history[:len(history) - len(turns)], state, max_length)
             return prompt
         turns.pop(0)
+
+
+def tell_dropped_turns(dropped: list, state: dict, max_length: int) -> None:
+    """Pictures in the oldest turns, left out whole to fit, go to `state[DROPPED_IMAGES]` and the notices."""
+    pattern = apply_extensions("image_tag_pattern")
+    pictures = [{"turn": turn, "image": place} for turn, (user, _) in enumerate(dropped, start=1)
+                for place, _ in enumerate(pattern.finditer(user) if pattern else [], start=1)]
+    if not pictures:
+        return
+    state.setdefault(DROPPED_IMAGES, []).extend(pictures)
+    turns = sorted({p["turn"] for p in pictures})
+    names = f"turn {turns[0]}" if len(turns) == 1 else f"turns {', '.join(map(str, turns[:-1]))} and {turns[-1]}"
+    which = "the picture" if len(pictures) == 1 else f"the {len(pictures)} pictures"
+    oldest = "The oldest turn was" if len(dropped) == 1 else f"The oldest {len(dropped)} turns were"
+    state.setdefault("notices", []).append(
+        f"{oldest} left out to fit the context ({max_length} tokens: truncation_length - max_new_tokens), "
+        f"with {which} from {names}.")
 
 
 def get_stopping_strings(state: dict) -> list[str]:
@@ -170,6 +191,7 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
             yield output
     output["visible"][-1][1] = apply_extensions("output", output["visible"][-1][1], state, is_chat=True)
     output["visible"][-1][1] += notices_html(state.get("notices", []))
+    output["visible"][-1][0] = caption_pictures(output["visible"][-1][0], state.get(IMAGE_TOKENS) or [])
     yield output
 
 
@@ -200,6 +222,31 @@ def chat_prompt(text: str, state: dict, output: dict, _continue: bool) -> str:
 def notices_html(notices: list[str]) -> str:
     """Visible-only lines telling the user what happened to their input (e.g. images dropped)."""
     return "".join(f"\n\n⚠ {html.escape(n)}" for n in notices)
+
+
+def caption_pictures(visible: str, image_tokens: list[int]) -> str:
+    """The user message's visible text with each picture's prompt tokens after its tag (visible only:
+    `internal`, which the model sees, keeps its tags as they are).
+
+    `image_tokens` is the extension's report of the prompt (`state[IMAGE_TOKENS]`, one entry per picture
+    kept, in prompt order): the message's pictures come last, so its last k entries are the message's
+    last k pictures. Pictures left out to fit the context (the oldest go first) get no caption. A
+    regenerated turn's old captions are replaced.
+    """
+    visible = IMAGE_CAPTION_RE.sub("", visible)
+    pattern = image_tag_pattern()
+    if pattern is None or not image_tokens:
+        return visible
+    tags = list(pattern.finditer(visible))
+    kept = min(len(tags), len(image_tokens))
+    captions = [None] * (len(tags) - kept) + list(image_tokens[len(image_tokens) - kept:])
+    pieces, position = [], 0
+    for tag, tokens in zip(tags, captions):
+        pieces.append(visible[position:tag.end()])
+        if tokens is not None:
+            pieces.append(image_caption(tokens))
+        position = tag.end()
+    return "".join(pieces) + visible[position:]
 
 
 def generate_chat_reply(text: str, state: dict, regenerate: bool = False, _continue: bool = False,

@@ -42,6 +42,13 @@ def png(width: int, height: int, seed: int) -> bytes:
 def hf_reply(history: list[tuple[str, list[bytes], str | None]], model=None) -> str:
     """Hugging Face's greedy reply to the last user turn of `history` [(text, pictures, reply or None)],
     from `model` (default: the served one)."""
+    return hf_generate(history, model)[1]
+
+
+def hf_generate(history: list[tuple[str, list[bytes], str | None]], model=None,
+                images_kwargs: dict | None = None) -> tuple[torch.Tensor, str]:
+    """Hugging Face's prompt ids `(n,)` and greedy reply for `history` (see `hf_reply`); `images_kwargs`:
+    the image processor's per-call settings."""
     model = model if model is not None else shared.model
     processor = loaded_model.processor()
     messages, images = [], []
@@ -54,11 +61,13 @@ def hf_reply(history: list[tuple[str, list[bytes], str | None]], model=None) -> 
     bos = processor.tokenizer.bos_token
     # One conversation's pictures as one list, as apply_chat_template(tokenize=True) passes them.
     inputs = processor(text=prompt, images=[images] if images else None, return_tensors="pt",
-                       add_special_tokens=not (bos is not None and prompt.startswith(bos)))
+                       add_special_tokens=not (bos is not None and prompt.startswith(bos)),
+                       **(images_kwargs or {}) if images else {})
     with torch.inference_mode():
         output = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
                                 suppress_tokens=[image_token_id(model)])
-    return processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).lstrip(" ")
+    reply = processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return inputs["input_ids"][0], reply.lstrip(" ")
 
 
 def host_reply(text: str, pictures: list[bytes], history: dict, prefix_cache: bool) -> tuple[str, dict]:

@@ -2,7 +2,8 @@
 
 A budget is one of:
 - "default": the checkpoint's own processor settings;
-- "low": at most 512x512 pixels per picture (a quick look: fewer tokens, a faster, smaller prompt);
+- "low": at most 512x512 pixels per picture, and never more than the default (a quick look: fewer
+  tokens, a faster, smaller prompt);
 - "high": at most 2048x2048 pixels per picture, and never less than the default (small text);
 - a whole number of pixels: at most that many per picture.
 It comes from the message or request (`state[IMAGE_BUDGET]`: the UI's choice, the API's
@@ -26,6 +27,7 @@ class Budget:
     name: str  # "default", "low", "high", or the pixel count as text
     pixels: Optional[int] = None  # the cap; None: the checkpoint's own settings
     at_least_default: bool = False  # "high": a family whose default reads more keeps its default
+    at_most_default: bool = False  # "low": a family whose default reads less keeps its default
 
 
 DEFAULT = Budget("default")
@@ -36,7 +38,7 @@ def parse(value: Any) -> Budget:
     if value is None or value == "" or value == "default":
         return DEFAULT
     if isinstance(value, str) and value in LEVEL_PIXELS:
-        return Budget(value, LEVEL_PIXELS[value], at_least_default=value == "high")
+        return Budget(value, LEVEL_PIXELS[value], at_least_default=value == "high", at_most_default=value == "low")
     pixels = int(value) if isinstance(value, int) or (isinstance(value, str) and value.isdigit()) else None
     if isinstance(value, bool) or pixels is None or pixels < MIN_PIXELS:
         raise ValueError(f"image_budget must be 'default', 'low', 'high' or a number of pixels of at least "

@@ -98,8 +98,10 @@ class MultimodalEmbedder:
         return Embedded(input_ids, inputs_embeds, route, count_images(parts), stats, tokens)
 
     def _budget(self, state: dict) -> Optional[Budget]:
-        """The message's or request's budget, else the setting's; None for a pipeline that takes none."""
-        return image_budget.resolve(state, self.params) if takes_budget(self.pipeline) else None
+        """The message's or request's budget, else the setting's (checked either way); None for a pipeline
+        that takes none."""
+        budget = image_budget.resolve(state, self.params)
+        return budget if takes_budget(self.pipeline) else None
 
     def _older_images_as_placeholders(self, parts: List[PromptPart]) -> None:
         """Every image but the last gets placeholder embeddings, unless every image is embedded."""

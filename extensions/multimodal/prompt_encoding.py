@@ -152,7 +152,7 @@ def takes_budget(pipeline) -> bool:
 def tell_dropped(state: dict, dropped: List[PromptPart], max_length: int) -> None:
     """The user learns which pictures were left out; `state[DROPPED_IMAGES]` says it for hosts to show."""
     located = dropped_pictures.locate([part.b64 for part in dropped], state)
-    state[DROPPED_IMAGES] = located
+    state.setdefault(DROPPED_IMAGES, []).extend(located)
     notices.tell(state, f"Removed {len(dropped)} image(s) from the start of the prompt: "
                         f"{dropped_pictures.describe(located)} {'was' if len(dropped) == 1 else 'were'} left out "
                         f"to fit the context ({max_length} tokens: truncation_length - max_new_tokens). Lower "

@@ -7,10 +7,12 @@ same arguments. Only knobs a processor honours per call are used (measured on tr
 - Qwen2-VL, Qwen2.5-VL, Qwen3-VL: `size` {shortest_edge, longest_edge}: the pixel range per picture;
 - Idefics3, SmolVLM: `size` {longest_edge}: a multiple of the tile side, at most 6 tiles a side;
 - InternVL, Aya Vision: `max_patches`: tiles per picture;
-- Mistral 3: `size` {longest_edge}, never above the vision tower's size;
-- Gemma 3: `do_pan_and_scan` for "high" (crops beside the whole picture); it has no lower setting.
+- Mistral 3: `size` {longest_edge}, never above the vision tower's size.
 LLaVA, LLaVA-NeXT, LLaVA-OneVision and Mllama take none per call (their grid and tiles are read
-from the processor's own attributes, not from the call): they read every picture the same way.
+from the processor's own attributes, not from the call), nor does Gemma 3 here: its one knob, pan
+and scan, also writes text around the picture ("Here is the original image ..."), which the prompt's
+text parts, split at the checkpoint's own image markers, would not follow. These families read every
+picture the same way.
 """
 from __future__ import annotations
 
@@ -20,23 +22,28 @@ from typing import Callable, Optional
 MAX_TILES_PER_SIDE = 6  # Idefics3's row/column tokens go up to 6
 
 
+def within_default(value: int, default: int, budget) -> int:
+    """A knob's value for the budget, kept at or above the default for "high", at or below it for "low"."""
+    if budget.at_least_default:
+        return max(value, default)
+    return min(value, default) if budget.at_most_default else value
+
+
 def qwen(image_processor, budget) -> dict:
     low, high = image_processor.size["shortest_edge"], image_processor.size["longest_edge"]
-    cap = max(budget.pixels, high) if budget.at_least_default else budget.pixels
+    cap = within_default(budget.pixels, high, budget)
     return {"size": {"shortest_edge": min(low, cap), "longest_edge": cap}}
 
 
 def idefics3(image_processor, budget) -> dict:
     tile, default = image_processor.max_image_size["longest_edge"], image_processor.size["longest_edge"]
     tiles = min(MAX_TILES_PER_SIDE, max(1, math.isqrt(budget.pixels) // tile))
-    side = max(tiles * tile, default) if budget.at_least_default else tiles * tile
-    return {"size": {"longest_edge": side}}
+    return {"size": {"longest_edge": within_default(tiles * tile, default, budget)}}
 
 
 def tiles(image_processor, budget) -> dict:
     side, default = image_processor.size["height"], image_processor.max_patches
-    count = max(1, budget.pixels // (side * side))
-    return {"max_patches": max(count, default) if budget.at_least_default else count}
+    return {"max_patches": within_default(max(1, budget.pixels // (side * side)), default, budget)}
 
 
 def pixtral(image_processor, budget) -> dict:
@@ -46,16 +53,11 @@ def pixtral(image_processor, budget) -> dict:
     return {"size": {"longest_edge": min(default, max(patch, math.isqrt(budget.pixels)))}}
 
 
-def gemma3(image_processor, budget) -> dict:
-    return {"do_pan_and_scan": True} if budget.at_least_default else {}
-
-
 KNOBS: dict[str, tuple[str, Callable]] = {
     "qwen2_vl": ("pixels per picture", qwen), "qwen2_5_vl": ("pixels per picture", qwen),
     "qwen3_vl": ("pixels per picture", qwen), "idefics3": ("image splitting", idefics3),
     "smolvlm": ("image splitting", idefics3), "internvl": ("tiles per picture", tiles),
     "aya_vision": ("tiles per picture", tiles), "mistral3": ("longest edge", pixtral),
-    "gemma3": ("pan and scan (high only)", gemma3),
 }
 
 

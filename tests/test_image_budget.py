@@ -1,0 +1,137 @@
+"""What a picture costs, through the API: budgets, the image tokens in `usage`, and pictures left out.
+
+Each family with a budget knob is served from its tiny checkpoint (tests/vlm_families.py) as a
+user's folder; one server takes the same picture at several budgets, each request checked against
+Hugging Face's `generate(**processor(text, [images], **kwargs))` with the processor keyword arguments
+the budget stands for (`budget_kwargs`): the prompt length and the reply must be equal. The tiny
+processors read small pictures (their own defaults are a few thousand pixels), so a pixel budget
+below that shows the count falling where "low" (512x512) would change nothing.
+"""
+from __future__ import annotations
+
+import pytest
+
+from extensions.multimodal import image_budget, loaded_model
+from extensions.multimodal.pipelines.hf_auto import budget_kwargs
+from extensions.multimodal.pipelines.hf_auto.image_tokens import image_token_id
+from modules import shared
+from tests import api_helpers
+from tests.test_vlm_families_host import NEW_TOKENS, hf_generate, png
+
+KNOB_FAMILIES = ["qwen2_5_vl", "idefics3", "internvl", "mistral3"]
+SMALL = 1024  # pixels: below every tiny checkpoint's own reading of these pictures
+
+
+def ask(api, picture: bytes, budget) -> dict:
+    content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(picture)}},
+               {"type": "text", "text": "What is in the picture?"}]
+    response = api.post("/chat/completions", json={"model": "any", "max_tokens": NEW_TOKENS, "temperature": 0,
+                                                   "messages": [{"role": "user", "content": content}],
+                                                   "image_budget": budget})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def reference(picture: bytes, budget) -> tuple[int, str, int]:
+    """Hugging Face's prompt length, reply and image-token count under the budget's processor kwargs."""
+    kwargs = budget_kwargs.images_kwargs(shared.model.config.model_type, loaded_model.processor().image_processor,
+                                         image_budget.parse(budget))
+    ids, reply = hf_generate([("What is in the picture?", [picture], None)], images_kwargs=kwargs)
+    return ids.shape[0], reply, int((ids == image_token_id(shared.model)).sum())
+
+
+@pytest.mark.parametrize("name", KNOB_FAMILIES)
+def test_each_budget_gives_hugging_faces_tokens_under_the_same_kwargs(family_folder, name):
+    picture = png(96, 64, seed=21)
+    with api_helpers.serving(family_folder(name), ["multimodal"]) as api:
+        image_tokens = {}
+        for budget in ("default", SMALL, "high", "low", "default"):  # one server: no budget's rows leak into another's
+            body = ask(api, picture, budget)
+            prompt_tokens, reply, _ = reference(picture, budget)
+            assert body["usage"]["prompt_tokens"] == prompt_tokens, budget
+            assert body["choices"][0]["message"]["content"] == reply, budget
+            image_tokens[budget] = body["usage"]["prompt_tokens_details"]["image_tokens"]
+    assert image_tokens["high"] >= image_tokens["default"] >= image_tokens["low"]
+    assert image_tokens[SMALL] < image_tokens["default"], "the budget did not change the picture's cost"
+
+
+def test_usage_counts_the_image_tokens_the_model_received(family_folder):
+    """Qwen2.5-VL writes one `<|image_pad|>` per image token, and nothing else, for a picture."""
+    picture = png(96, 64, seed=22)
+    with api_helpers.serving(family_folder("qwen2_5_vl"), ["multimodal"]) as api:
+        body = ask(api, picture, "default")
+        _, _, expected = reference(picture, "default")
+    assert body["usage"]["prompt_tokens_details"] == {"image_tokens": expected} and expected > 0
+
+
+@pytest.mark.parametrize("name", ["llava_next", "gemma3"])
+def test_a_fixed_family_reads_every_picture_the_same_way(family_folder, name):
+    picture = png(96, 64, seed=23)
+    with api_helpers.serving(family_folder(name), ["multimodal"]) as api:
+        counts = {budget: ask(api, picture, budget)["usage"]["prompt_tokens_details"]["image_tokens"]
+                  for budget in ("default", "low", "high", SMALL)}
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_an_unknown_budget_is_refused_with_what_is_accepted(llava_dir):
+    with api_helpers.serving(llava_dir, ["multimodal"]) as api:
+        content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(png(32, 32, seed=24))}}]
+        response = api.post("/chat/completions", json={"model": "any", "max_tokens": 2, "image_budget": "huge",
+                                                       "messages": [{"role": "user", "content": content}]})
+        assert response.status_code == 400 and "'default', 'low', 'high'" in response.json()["error"]["message"]
+        assert ask(api, png(32, 32, seed=24), "low")["choices"], "the server keeps serving"
+
+
+def three_picture_turns(api, truncation_length: int | None) -> dict:
+    """Three user turns with a picture each (replies in between), as one request."""
+    messages = []
+    for turn in range(3):
+        picture = api_helpers.data_url(png(48, 32, seed=30 + turn))
+        messages.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": picture}},
+                                                     {"type": "text", "text": f"Picture {turn + 1}?"}]})
+        if turn < 2:
+            messages.append({"role": "assistant", "content": f"Reply {turn + 1}."})
+    body = {"model": "any", "max_tokens": 4, "temperature": 0, "messages": messages}
+    if truncation_length is not None:
+        body["truncation_length"] = truncation_length
+    response = api.post("/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_dropped_picture_is_named_by_its_turn(llava_dir):
+    with api_helpers.serving(llava_dir, ["multimodal"]) as api:
+        whole = three_picture_turns(api, None)
+        assert "dropped_images" not in whole and "warnings" not in whole
+        per_picture = whole["usage"]["prompt_tokens_details"]["image_tokens"] // 3
+        # Room for everything but one picture: the oldest goes, with the text before it.
+        cut = three_picture_turns(api, 4 + whole["usage"]["prompt_tokens"] - per_picture)
+    assert cut["dropped_images"] == [{"turn": 1, "image": 1}]
+    assert any("left out to fit the context" in warning and "the picture from turn 1" in warning
+               for warning in cut["warnings"])
+    assert cut["usage"]["prompt_tokens_details"]["image_tokens"] == 2 * per_picture
+
+
+def test_the_budget_levels_and_their_errors():
+    assert image_budget.parse(None) == image_budget.parse("default") == image_budget.DEFAULT
+    assert image_budget.parse("low").pixels == 512 * 512 and image_budget.parse("low").at_most_default
+    assert image_budget.parse("high").at_least_default
+    assert image_budget.parse("300000") == image_budget.parse(300000) == image_budget.Budget("300000", 300000)
+    for bad in ("huge", -5, 10, True, 1.5):
+        with pytest.raises(ValueError, match="image_budget must be"):
+            image_budget.parse(bad)
+
+
+
+def test_a_picture_dropped_inside_the_new_message_is_named_by_its_place(llava_dir):
+    """The extension's own truncation (whole pictures, oldest first) inside one message."""
+    content = [{"type": "image_url", "image_url": {"url": api_helpers.data_url(png(48, 32, seed=40 + k))}}
+               for k in range(3)] + [{"type": "text", "text": "Which is red?"}]
+    body = {"model": "any", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": content}]}
+    with api_helpers.serving(llava_dir, ["multimodal"]) as api:
+        whole = api.post("/chat/completions", json=body).json()
+        per_picture = whole["usage"]["prompt_tokens_details"]["image_tokens"] // 3
+        cut = api.post("/chat/completions", json=body | {"truncation_length": 4 + whole["usage"]["prompt_tokens"]
+                                                           - per_picture}).json()
+    assert cut["dropped_images"] == [{"turn": 1, "image": 1}]
+    assert any("the picture from turn 1 was left out" in warning for warning in cut["warnings"])
