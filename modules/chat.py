@@ -29,7 +29,7 @@ from typing import Iterator
 
 from modules import chat_templates, shared
 from modules.extensions import apply_extensions
-from modules.html_generator import IMAGE_CAPTION_RE, image_caption, image_tag_pattern
+from modules.html_generator import IMAGE_CAPTION, IMAGE_CAPTION_RE
 from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length
 
 HISTORY_DIR = shared.ROOT / "logs" / "chat"
@@ -234,7 +234,7 @@ def caption_pictures(visible: str, image_tokens: list[int]) -> str:
     regenerated turn's old captions are replaced.
     """
     visible = IMAGE_CAPTION_RE.sub("", visible)
-    pattern = image_tag_pattern()
+    pattern = apply_extensions("image_tag_pattern")  # the extension that writes tags
     if pattern is None or not image_tokens:
         return visible
     tags = list(pattern.finditer(visible))
@@ -244,7 +244,7 @@ def caption_pictures(visible: str, image_tokens: list[int]) -> str:
     for tag, tokens in zip(tags, captions):
         pieces.append(visible[position:tag.end()])
         if tokens is not None:
-            pieces.append(image_caption(tokens))
+            pieces.append(IMAGE_CAPTION.format(tokens))
         position = tag.end()
     return "".join(pieces) + visible[position:]
 

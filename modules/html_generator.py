@@ -5,10 +5,12 @@ optionally notices to show under the chat. Out: one HTML string for a `gr.HTML` 
 
 Image tags are the loaded extensions' business: the `image_tag_pattern` hook gives their regex
 (the multimodal extension's, with named groups `mime` and `data`), and each match is rebuilt as an
-`<img>` from those two groups, escaped. Every other piece of text, whatever it looks like, is shown
-as text. Visible text is stored HTML-escaped (text-generation-webui's convention), so each text run
-is unescaped once and escaped again: text stays readable, and a history file edited by hand cannot
-smuggle markup in. Without an extension that writes image tags, tags show as text.
+`<img>` from those two groups, escaped. A picture's cost caption (`IMAGE_CAPTION`, which the host
+writes right after the tag in the visible text only) is shown under that picture. Every other piece
+of text, whatever it looks like, is shown as text. Visible text is stored HTML-escaped
+(text-generation-webui's convention), so each text run is unescaped once and escaped again: text
+stays readable, and a history file edited by hand cannot smuggle markup in. Without an extension
+that writes image tags, tags (and captions) show as text.
 This module does not decode images: the browser shows an `image/*` data URL as an image or not at
 all, it never runs it.
 """
@@ -33,10 +35,20 @@ CHAT_CSS = """
 #chat-history .user { align-self: flex-end; background: rgba(59,130,246,0.15); }
 #chat-history .assistant { align-self: flex-start; background: rgba(120,120,120,0.15); }
 #chat-history .message img { max-width: 300px; max-height: 300px; display: block; margin: 4px 0; border-radius: 6px; }
+#chat-history .picture { margin: 4px 0; }
+#chat-history .picture img { margin: 0; }
+/* The caption is CSS-generated: it is the host's note about the picture, not the message's text (copying
+   the message, or reading its text, leaves it out). */
+#chat-history .picture::after { content: attr(data-caption); display: block; font-size: 0.8em; opacity: 0.7; }
 #chat-history .empty { opacity: 0.6; font-style: italic; }
 #chat-history .notice { align-self: stretch; padding: 6px 12px; border-radius: 8px; white-space: pre-wrap;
                         background: rgba(234,179,8,0.18); border-left: 4px solid rgb(234,179,8); }
 """
+
+# What a picture costs in the prompt, written by the chat turn after the picture's tag in the visible text
+# only: `IMAGE_CAPTION.format(tokens)`. Plain constants, so the turn runs none of this module's code.
+IMAGE_CAPTION = '<span class="image-tokens">{:d} tokens</span>'
+IMAGE_CAPTION_RE = re.compile(r'<span class="image-tokens">(?P<tokens>[0-9]{1,9}) tokens</span>')
 
 
 def escape_plain(text: str) -> str:
@@ -62,8 +74,13 @@ def render_text(visible: str) -> str:
     for match in pattern.finditer(visible) if pattern is not None else ():
         pieces.append(escape_text(visible[position:match.start()]))
         source = f"data:{match.group('mime')};base64,{match.group('data')}"
-        pieces.append(f'<img src="{escape_plain(source)}" alt="image">')
+        picture = f'<img src="{escape_plain(source)}" alt="image">'
         position = match.end()
+        caption = IMAGE_CAPTION_RE.match(visible, position)
+        if caption is not None:  # only digits reach the attribute
+            picture = f'<div class="picture" data-caption="{int(caption.group("tokens"))} tokens">{picture}</div>'
+            position = caption.end()
+        pieces.append(picture)
     pieces.append(escape_text(visible[position:]))
     return "".join(pieces)
 
@@ -71,7 +88,7 @@ def render_text(visible: str) -> str:
 def strip_image_tags(text: str) -> str:
     """`text` without its image tags (e.g. to put a removed message back into the textbox)."""
     pattern = image_tag_pattern()
-    stripped = pattern.sub("", text) if pattern is not None else text
+    stripped = pattern.sub("", IMAGE_CAPTION_RE.sub("", text)) if pattern is not None else text
     return stripped.strip() if stripped != text else text
 
 

@@ -12,6 +12,16 @@ reach extensions the same way). On Generate/Enter the host reads the textbox and
 per-session `gr.State`s and clears them (one queue=False step, so clearing never races with the
 read), then generates with `state[key]` = the value read. Values are whatever the component's
 preprocess returns; an empty value reaches the state as None.
+Per-message extension options: components in `shared.gradio['extension_options']` (state key ->
+component), e.g. the multimodal extension's picture budget as `image_budget`, are read with every
+send and Regenerate into `state[key]`, but are neither cleared nor counted as message content (an
+option alone does not send a turn): a choice that stays until the user changes it. Handlers take
+their values as PARAMETER_KEYS values, then the extension inputs', then the options' (`split_values`).
+
+The context meter under the chat ("Context: X / Y tokens") is the prompt the next turn starts from:
+the history as it stands rendered with an empty message (`chat.generate_chat_prompt`, measured by
+`get_encoded_length`, so extensions count their pictures), out of the truncation length. It is
+measured after each turn, Regenerate, Remove last, Clear and Load, and when those two parameters change.
 
 Errors raised while generating (ValueError for a bad image, too many images, a prompt that cannot
 fit; anything from a pipeline) become a warning toast plus a notice line under the chat; the
@@ -31,7 +41,7 @@ from modules import chat, shared
 from modules.extensions import apply_extensions, iterator
 from modules.html_generator import CHAT_CSS, chat_html_wrapper, strip_image_tags
 from modules.logging_colors import logger
-from modules.text_generation import stop_everything_event
+from modules.text_generation import get_encoded_length, stop_everything_event
 
 PARAMETER_KEYS = ["max_new_tokens", "temperature", "top_p", "truncation_length"]
 
@@ -41,27 +51,52 @@ def extension_input_keys() -> list[str]:
     return list(shared.gradio.get("extension_inputs", {}))
 
 
-def build_state(history: dict, *values) -> dict:
-    """A generation `state`: settings, then PARAMETER_KEYS values, then extension input values.
+def extension_option_keys() -> list[str]:
+    """State keys of the registered per-message extension options, in registration order."""
+    return list(shared.gradio.get("extension_options", {}))
 
-    `values` are the parameter components' values in PARAMETER_KEYS order, optionally followed by
-    one value per `extension_input_keys()` (the Regenerate button passes only the parameters).
+
+def split_values(values: tuple) -> tuple[tuple, tuple, tuple]:
+    """A handler's values as (parameters, extension inputs, extension options).
+
+    `values` are the parameter components' values in PARAMETER_KEYS order, optionally followed by one
+    value per `extension_input_keys()`, then optionally one per `extension_option_keys()`.
     """
-    n_params, keys = len(PARAMETER_KEYS), extension_input_keys()
-    if len(values) not in (n_params, n_params + len(keys)):
+    n_params, inputs, options = len(PARAMETER_KEYS), extension_input_keys(), extension_option_keys()
+    if len(values) not in (n_params, n_params + len(inputs), n_params + len(inputs) + len(options)):
         raise ValueError(f"build_state got {len(values)} values; expected {n_params} parameters "
-                         f"({', '.join(PARAMETER_KEYS)}) plus 0 or {len(keys)} extension inputs ({', '.join(keys)})")
+                         f"({', '.join(PARAMETER_KEYS)}), then 0 or {len(inputs)} extension inputs "
+                         f"({', '.join(inputs)}), then 0 or {len(options)} extension options ({', '.join(options)})")
+    n_inputs = min(len(inputs), len(values) - n_params)
+    return values[:n_params], values[n_params:n_params + n_inputs], values[n_params + n_inputs:]
+
+
+def without_inputs(values: tuple) -> tuple:
+    """The values of a handler that takes no message inputs (Regenerate, the meter): PARAMETER_KEYS
+    values, then optionally the options' values, laid out for `split_values` with empty inputs."""
+    n_params = len(PARAMETER_KEYS)
+    if len(values) == n_params:
+        return values
+    return (*values[:n_params], *([None] * len(extension_input_keys())), *values[n_params:])
+
+
+def build_state(history: dict, *values) -> dict:
+    """A generation `state`: settings, then the parameters', extension inputs' and options' values
+    (`split_values`); an option not passed leaves the extension's own setting in charge."""
+    params, inputs, options = split_values(values)
     state = dict(shared.settings)
-    state.update(zip(PARAMETER_KEYS, values[:n_params]))
+    state.update(zip(PARAMETER_KEYS, params))
     state["max_new_tokens"] = int(state["max_new_tokens"])
     state["truncation_length"] = int(state["truncation_length"])
-    state.update(zip(keys, values[n_params:]))
+    state.update(zip(extension_input_keys(), inputs))
+    state.update(zip(extension_option_keys(), options))
     state["history"] = history
     state["notices"] = []
     return state
 
 
 def has_input(text: str, extension_values: tuple) -> bool:
+    """Whether a send is a message: text, or a value in a per-message input (options do not count)."""
     return bool(text and text.strip()) or any(bool(v) for v in extension_values)
 
 
@@ -71,7 +106,7 @@ def generate(text: str, history: dict, *values, regenerate: bool = False) -> Ite
         gr.Warning(shared.NO_MODEL_MESSAGE)
         yield chat_html_wrapper(history), history
         return
-    if not regenerate and not has_input(text, values[len(PARAMETER_KEYS):]):
+    if not regenerate and not has_input(text, split_values(values)[1]):
         yield chat_html_wrapper(history), history  # an empty Enter adds no turn
         return
     try:
@@ -89,7 +124,22 @@ def generate(text: str, history: dict, *values, regenerate: bool = False) -> Ite
 
 
 def regenerate(history: dict, *values) -> Iterator[tuple[str, dict]]:
-    yield from generate("", history, *values, regenerate=True)
+    """`values`: PARAMETER_KEYS values, then optionally the extension options' (no message inputs)."""
+    yield from generate("", history, *without_inputs(values), regenerate=True)
+
+
+def context_meter(history: dict, *values) -> str:
+    """"Context: X / Y tokens": the prompt the next turn starts from, out of the truncation length.
+    `values` as `regenerate`'s. Empty while no model is loaded."""
+    if shared.model is None:
+        return ""
+    state = build_state(history, *without_inputs(values))
+    try:
+        used = get_encoded_length(chat.generate_chat_prompt("", state))
+    except ValueError as error:  # e.g. a loaded history holding a picture that cannot be read
+        logger.warning(f"The context meter cannot measure the history: {error}")
+        return html.escape(f"Context: cannot be measured ({error}) / {state['truncation_length']} tokens")
+    return f"Context: {used} / {state['truncation_length']} tokens"
 
 
 def take_inputs(text: str, history: dict, *extension_values) -> tuple:
@@ -141,6 +191,8 @@ def create_chat_tab() -> None:
     g = shared.gradio
     g["history"] = gr.State(chat.new_history())
     g["display"] = gr.HTML(chat_html_wrapper(chat.new_history()), elem_id="chat-display", autoscroll=True)
+    g["context_meter"] = gr.HTML(context_meter(chat.new_history(), *(shared.settings[k] for k in PARAMETER_KEYS)),
+                                 elem_id="context-meter", padding=False)
     with gr.Row():
         g["textbox"] = gr.Textbox(label="Input", placeholder="Send a message (Enter sends, Shift+Enter adds a line)",
                                   lines=1, max_lines=12, scale=8, elem_id="chat-input")
@@ -193,8 +245,8 @@ def create_save_load() -> None:
             g["Load history"] = gr.Button("Load", elem_id="Load-history")
 
 
-def wire_send(params: list) -> None:
-    """Generate and Enter: read + clear the inputs (queue=False), then stream the reply."""
+def wire_send(params: list, options: list) -> None:
+    """Generate and Enter: read + clear the inputs (queue=False), stream the reply, then measure the context."""
     g = shared.gradio
     ext_inputs = [g["extension_inputs"][key] for key in extension_input_keys()]
     g["last_input"] = gr.State("")
@@ -204,29 +256,37 @@ def wire_send(params: list) -> None:
         trigger(take_inputs, [g["textbox"], g["history"], *ext_inputs],
                 [g["last_input"], turns_before, *pending, g["textbox"], *ext_inputs],
                 queue=False, show_progress="hidden").then(
-            generate, [g["last_input"], g["history"], *params, *pending], [g["display"], g["history"]],
+            generate, [g["last_input"], g["history"], *params, *pending, *options], [g["display"], g["history"]],
             show_progress="hidden").then(
             restore_unsent_text, [g["last_input"], g["history"], turns_before], g["textbox"],
-            queue=False, show_progress="hidden")
+            queue=False, show_progress="hidden").then(
+            context_meter, [g["history"], *params, *options], g["context_meter"], show_progress="hidden")
 
 
 def wire_events() -> None:
     g = shared.gradio
     params = [g[k] for k in PARAMETER_KEYS]
+    options = [g["extension_options"][key] for key in extension_option_keys()]
     display_and_history = [g["display"], g["history"]]
-    wire_send(params)
-    g["Regenerate"].click(regenerate, [g["history"], *params], display_and_history, show_progress="hidden")
+    wire_send(params, options)
+    measure = {"fn": context_meter, "inputs": [g["history"], *params, *options], "outputs": g["context_meter"],
+               "show_progress": "hidden"}
+    g["Regenerate"].click(regenerate, [g["history"], *params, *options], display_and_history,
+                          show_progress="hidden").then(**measure)
     g["Stop"].click(stop_everything_event, None, None, queue=False)
-    g["Remove last"].click(remove_last, g["history"], [*display_and_history, g["textbox"]])
-    g["Clear history"].click(clear_history, None, display_and_history)
+    g["Remove last"].click(remove_last, g["history"], [*display_and_history, g["textbox"]]).then(**measure)
+    g["Clear history"].click(clear_history, None, display_and_history).then(**measure)
     g["Save history"].click(save, [g["history"], g["save_name"]], g["saved_histories"])
-    g["Load history"].click(load, [g["history"], g["saved_histories"]], display_and_history)
+    g["Load history"].click(load, [g["history"], g["saved_histories"]], display_and_history).then(**measure)
+    for name in ("max_new_tokens", "truncation_length"):  # both decide what the next prompt keeps
+        g[name].change(trigger_mode="always_last", **measure)
 
 
 def create_interface() -> gr.Blocks:
     """Builds the Blocks (the extensions' `ui()` included) and registers components in shared.gradio."""
     shared.gradio.clear()
     shared.gradio["extension_inputs"] = {}
+    shared.gradio["extension_options"] = {}
     title = f"Chat · {shared.model_name}"
     with gr.Blocks(title=title, analytics_enabled=False) as interface:
         shared.gradio["interface"] = interface

@@ -29,6 +29,7 @@ from tests import tiny_models  # noqa: E402
 SLOW_MODULES = {
     "test_vlm_families_core.py", "test_vlm_families_host.py", "test_checkpoint_variants.py",  # every family
     "test_browser_chat.py", "test_browser_multimodal.py", "test_browser_demo.py",  # Chromium
+    "test_browser_image_budget.py",
     "test_demo_training.py",  # trains
 }
 SLOW_TESTS = {  # "module::test", without parameters

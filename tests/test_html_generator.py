@@ -170,3 +170,28 @@ def test_any_text_renders_inert_and_keeps_its_characters(text):
     expected = IMAGE_TAG_RE.sub("\x00", text)
     shown = "[IMG]".join(html.unescape(part) for part in expected.split("\x00"))
     assert Parsed(markup).text == shown
+
+
+# -- A picture's cost caption (the host writes it after the tag, in the visible text only) --------------
+
+def test_a_caption_after_a_tag_shows_under_that_picture_and_not_as_text():
+    from modules.html_generator import IMAGE_CAPTION
+
+    markup = render_text(f"{TAG}{IMAGE_CAPTION.format(576)}{TAG}{IMAGE_CAPTION.format(1)}What?")
+    parsed = Parsed(markup)
+    pictures = [attrs for tag, attrs in parsed.elements if tag == "div"]
+    assert pictures == [{"class": "picture", "data-caption": "576 tokens"}, {"class": "picture", "data-caption": "1 tokens"}]
+    assert parsed.text == "[IMG][IMG]What?", "the caption is no message text"
+    assert_inert(markup)
+    assert strip_image_tags(f"{TAG}{IMAGE_CAPTION.format(576)}What?") == "What?"
+
+
+def test_a_caption_anywhere_else_or_not_exactly_the_hosts_shows_as_text():
+    from modules.html_generator import IMAGE_CAPTION
+
+    loose = f"before {IMAGE_CAPTION.format(5)} after"
+    assert Parsed(render_text(loose)).text == loose
+    forged = f'{TAG}<span class="image-tokens">5 tokens" onmouseover="x</span>'
+    markup = render_text(forged)
+    assert 'class="picture"' not in markup and Parsed(markup).text.startswith("[IMG]<span")
+    assert_inert(markup)

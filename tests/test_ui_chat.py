@@ -207,3 +207,97 @@ def test_save_and_load_round_trip(llama, tmp_path, monkeypatch):
     outputs, warned = quiet((ui_chat.load(history, name) for name in ["broken"]))
     display, kept = outputs[-1]
     assert kept is history and "not valid JSON" in display and any("not valid JSON" in w for w in warned)
+
+
+# -- Per-message extension options, and the context meter ------------------------------------------
+
+OPTION_HARNESS = '''
+import gradio as gr
+from modules import shared
+
+seen = []
+
+def ui():
+    shared.gradio["extension_inputs"]["harness_note"] = gr.Textbox(label="note")
+    shared.gradio["harness_level"] = gr.Radio(["a", "b"], value="a", label="level")
+    shared.gradio["extension_options"]["harness_level"] = shared.gradio["harness_level"]
+
+def state_modifier(state):
+    seen.append((state.get("harness_note"), state.get("harness_level")))
+    return state
+'''
+
+
+@pytest.fixture
+def option_harness(host, llama_dir, tmp_path):
+    folder = tmp_path / "option_ext"
+    folder.mkdir()
+    (folder / "script.py").write_text(textwrap.dedent(OPTION_HARNESS))
+    extensions_package.__path__.append(str(tmp_path))
+    try:
+        host.load(llama_dir, ["option_ext"])
+        import extensions.option_ext.script as script
+
+        yield script
+    finally:
+        extensions_package.__path__.remove(str(tmp_path))
+
+
+def handlers(interface, fn) -> list[dict]:
+    config = interface.get_config_file()
+    return [d for d in config["dependencies"] if interface.fns[d["id"]].fn is fn]
+
+
+def test_an_option_is_read_with_every_send_and_regenerate_but_never_cleared(option_harness):
+    interface = ui_chat.create_interface()
+    level = shared.gradio["harness_level"]._id
+    assert list(shared.gradio["extension_options"]) == ["harness_level"]
+    for send in handlers(interface, ui_chat.take_inputs):
+        assert level not in send["inputs"] and level not in send["outputs"]
+    for reader in (ui_chat.generate, ui_chat.regenerate, ui_chat.context_meter):
+        found = handlers(interface, reader)
+        assert found and all(d["inputs"][-1] == level for d in found), reader.__name__
+    # values: parameters, then the inputs, then the options
+    history = last(ui_chat.generate("Hi", chat.new_history(), *params(2), None, "b"))[-1][1]
+    assert option_harness.seen == [(None, "b")] and len(history["internal"]) == 1
+    last(ui_chat.regenerate(history, *params(2), "a"))
+    assert option_harness.seen[-1] == (None, "a")
+
+
+def test_an_option_alone_is_no_message(option_harness):
+    ui_chat.create_interface()
+    outputs = last(ui_chat.generate("  ", chat.new_history(), *params(2), None, "b"))
+    assert outputs[-1][1] == chat.new_history() and option_harness.seen == []
+    with pytest.raises(ValueError, match="then 0 or 1 extension options"):
+        ui_chat.build_state(chat.new_history(), *params(2), None, "b", "extra")
+
+
+def test_the_context_meter_counts_the_next_prompt_as_the_tokenizer_does(llama):
+    interface = ui_chat.create_interface()
+    meter = shared.gradio["context_meter"]
+    assert meter.elem_id == "context-meter" and meter.value.startswith("Context: ")
+    history = last(ui_chat.generate("Hello there", chat.new_history(), *params(4)))[-1][1]
+    # The oracle: Hugging Face's tokenizer on the same turns plus an empty user message. The host's measure
+    # (get_encoded_length, what truncation uses) counts a BOS where the template writes none, as
+    # text-generation-webui's does; this tiny template writes none.
+    messages = [{"role": r, "content": c} for user, bot in history["internal"]
+                for r, c in (("user", user), ("assistant", bot))] + [{"role": "user", "content": ""}]
+    ids = shared.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"]
+    assert ids[0] != shared.tokenizer.bos_token_id
+    expected = len(ids) + 1
+    limit = shared.settings["truncation_length"]
+    assert ui_chat.context_meter(history, *params(4)) == f"Context: {expected} / {limit} tokens"
+    # Measured after a turn, Regenerate, Remove last, Clear and Load, and when the two lengths change.
+    measured_after = {d["trigger_after"] for d in handlers(interface, ui_chat.context_meter)}
+    functions = {interface.fns[i].fn for i in measured_after if i is not None}
+    assert functions == {ui_chat.restore_unsent_text, ui_chat.regenerate, ui_chat.remove_last,
+                         ui_chat.clear_history, ui_chat.load}
+    triggers = {tuple(t) for d in handlers(interface, ui_chat.context_meter) for t in d["targets"]}
+    for name in ("max_new_tokens", "truncation_length"):
+        assert (shared.gradio[name]._id, "change") in triggers
+
+
+def test_the_context_meter_is_empty_without_a_model(host):
+    shared.model = None
+    assert ui_chat.context_meter(chat.new_history(), *params(4)) == ""

@@ -11,6 +11,10 @@ Start-up (`modules.extensions.load_extensions`):
   `modules/logits_processors.py`; an example is `examples/target_token.py`) with every other
   loaded processor. text-generation-webui ignores that list: use hook 10 there.
 Building the UI (`modules.ui_chat`): `custom_css()`, `custom_js()`, then `ui()` below the chat.
+  This host only (feature-detect the keys in `shared.gradio`): a component registered in
+  `shared.gradio['extension_inputs'][KEY]` is per-message content, read on send into `state[KEY]`
+  and cleared; one in `shared.gradio['extension_options'][KEY]` is a per-message option, read on
+  every send and Regenerate into `state[KEY]`, kept, and never counted as content.
 Each chat turn (`modules.chat.generate_chat_reply`, the same for the UI and `/v1/chat/completions`):
   4. `history_modifier(history)`, `state_modifier(state)`;
   5. `chat_input_modifier(text, visible_text, state)` -> (text for the model, text for the UI);

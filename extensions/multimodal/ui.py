@@ -8,6 +8,10 @@ Gradio context. Two forms, chosen by what the host offers:
   host reads it when a message is sent, clears it in the same step, and passes the value on as
   `state['message_images']` = a list of image file paths in upload order (None when empty).
   Pending images live in the browser session's component value, so sessions never share them.
+  Beside it, where the host also has per-message extension options (`extension_options`), a picture
+  budget choice ("default", "low", "high": image_budget.py), registered as
+  `extension_options['image_budget']`: the host reads it with every message as
+  `state['image_budget']` and keeps it (it is no message content, and stays until changed).
 - text-generation-webui (no such registry): the original extension's single picture, a
   `gr.Image` whose upload calls `hijack_picture(picture)` (the extension's `input_hijack` then
   puts it into the next message), cleared when the message is sent.
@@ -21,11 +25,14 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from extensions.multimodal.defaults import MESSAGE_IMAGES
+from extensions.multimodal.defaults import IMAGE_BUDGET, MESSAGE_IMAGES
 from modules import shared
 
 STATE_KEY = MESSAGE_IMAGES  # the host hands the value to extensions as state["message_images"]
 EMBED_ALL_LABEL = "Embed all images, not only the last one"
+BUDGET_LABEL = "Picture budget for each message"
+BUDGET_LEVELS = ["default", "low", "high"]
+BUDGET_INFO = "default: the model's own settings; low: at most 512x512 pixels (fewer tokens); high: up to 2048x2048"
 
 # Paste support: Gradio's file input takes uploads and drops, not clipboard pastes. A paste that
 # carries image files (outside the file input itself) is handed to the file input's <input
@@ -68,6 +75,22 @@ def embed_all_checkbox(params: dict, embeds_all: Callable[[], bool]) -> gr.Check
     return checkbox
 
 
+def budget_choices(setting: Any) -> list[tuple[str, str]]:
+    """The radio's (label, value) choices: the three levels, and the `image_budget` setting when it is a
+    pixel count (so the radio can start at the setting the server was given)."""
+    choices = [(level, level) for level in BUDGET_LEVELS]
+    if setting not in (None, "", *BUDGET_LEVELS):
+        choices.append((f"{setting} pixels (the setting)", str(setting)))
+    return choices
+
+
+def budget_radio(params: dict) -> gr.Radio:
+    setting = params.get("image_budget")
+    start = "default" if setting in (None, "") else str(setting)
+    return gr.Radio(budget_choices(setting), value=start, label=BUDGET_LABEL, info=BUDGET_INFO,
+                    elem_id="multimodal-budget")
+
+
 def create_multi_image_ui(params: dict, embeds_all: Callable[[], bool]) -> None:
     with gr.Column(elem_id="multimodal"):
         images = gr.File(label="Images for the next message (upload, drop, or paste)", file_count="multiple",
@@ -75,6 +98,10 @@ def create_multi_image_ui(params: dict, embeds_all: Callable[[], bool]) -> None:
         pending = gr.Gallery(label="Pending images, in order", interactive=False, visible=False, columns=8,
                              fit_columns=False, height=120, object_fit="contain", allow_preview=False,
                              elem_id="multimodal-preview")
+        if "extension_options" in shared.gradio:
+            budget = budget_radio(params)
+            shared.gradio["extension_options"][IMAGE_BUDGET] = budget
+            shared.gradio["multimodal_budget"] = budget
         embed_all = embed_all_checkbox(params, embeds_all)
         gr.HTML("", js_on_load=PASTE_JS, padding=False, elem_id="multimodal-paste")
     images.change(preview, images, pending, queue=False, show_progress="hidden")
