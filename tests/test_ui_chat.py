@@ -6,6 +6,7 @@ can make generation fail on demand; the model is the tiny Llama fixture.
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import textwrap
 import warnings
@@ -40,19 +41,22 @@ def tokenizer_modifier(state, prompt, input_ids, input_embeds):
 '''
 
 
-@pytest.fixture
-def harness(host, llama_dir, tmp_path):
-    folder = tmp_path / "harness_ext"
+def loaded_extension(host, llama_dir, tmp_path, name: str, source: str):
+    """The extension `name` (its script.py is `source`), loaded with the tiny Llama; yields its module."""
+    folder = tmp_path / name
     folder.mkdir()
-    (folder / "script.py").write_text(textwrap.dedent(HARNESS))
+    (folder / "script.py").write_text(textwrap.dedent(source))
     extensions_package.__path__.append(str(tmp_path))
     try:
-        host.load(llama_dir, ["harness_ext"])
-        import extensions.harness_ext.script as script
-
-        yield script
+        host.load(llama_dir, [name])
+        yield importlib.import_module(f"extensions.{name}.script")
     finally:
         extensions_package.__path__.remove(str(tmp_path))
+
+
+@pytest.fixture
+def harness(host, llama_dir, tmp_path):
+    yield from loaded_extension(host, llama_dir, tmp_path, "harness_ext", HARNESS)
 
 
 def params(max_new_tokens: int = 8) -> list:
@@ -230,17 +234,7 @@ def state_modifier(state):
 
 @pytest.fixture
 def option_harness(host, llama_dir, tmp_path):
-    folder = tmp_path / "option_ext"
-    folder.mkdir()
-    (folder / "script.py").write_text(textwrap.dedent(OPTION_HARNESS))
-    extensions_package.__path__.append(str(tmp_path))
-    try:
-        host.load(llama_dir, ["option_ext"])
-        import extensions.option_ext.script as script
-
-        yield script
-    finally:
-        extensions_package.__path__.remove(str(tmp_path))
+    yield from loaded_extension(host, llama_dir, tmp_path, "option_ext", OPTION_HARNESS)
 
 
 def handlers(interface, fn) -> list[dict]:
