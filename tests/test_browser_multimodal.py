@@ -140,7 +140,7 @@ def test_a_broken_image_gives_a_notice_and_the_text_comes_back(llava_server, bro
     page = open_chat(browser, llava_server)
     page.set_input_files(FILE_INPUT, [str(broken)])
     page.wait_for_function("document.querySelector('#multimodal-images').innerText.includes('broken.png')",
-                           timeout=30_000)
+                           timeout=120_000)  # an upload on a loaded machine takes longer than 30 s
     send(page, "What is in this one?")
     page.wait_for_selector("#chat-history .notice", timeout=120_000)
     assert "image" in page.inner_text("#chat-history .notice")
