@@ -31,6 +31,14 @@ def qwen_server(family_folder, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def second_server(family_folder, tmp_path_factory):
+    """A server of its own for the truncation test (its first page changes the truncation length)."""
+    folder = tmp_path_factory.mktemp("qwen-server-2")
+    with greedy_server(family_folder("qwen2_vl"), folder, max_new_tokens=4) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def noise_pictures(tmp_path_factory) -> list[str]:
     """Three different 200x160 pictures: larger than the checkpoint's default reads (64 tokens at most)."""
     folder = tmp_path_factory.mktemp("pictures")
@@ -43,7 +51,7 @@ def noise_pictures(tmp_path_factory) -> list[str]:
 
 def send_with_picture(page, picture: str, text: str, turns: int) -> str:
     page.set_input_files(FILE_INPUT, [picture])
-    page.wait_for_function("document.querySelectorAll('#multimodal-preview img').length === 1", timeout=30_000)
+    page.wait_for_function("document.querySelectorAll('#multimodal-preview img').length === 1", timeout=120_000)
     send(page, text)
     return wait_for_reply(page, turns)
 
@@ -56,7 +64,7 @@ def captions(page) -> list[str]:
 
 def meter(page) -> tuple[int, int]:
     page.wait_for_function("/Context: \\d+ \\/ \\d+ tokens/.test(document.querySelector('#context-meter').innerText)",
-                           timeout=30_000)
+                           timeout=120_000)
     found = METER.search(page.inner_text("#context-meter"))
     return int(found.group(1)), int(found.group(2))
 
@@ -71,7 +79,7 @@ def test_costs_budget_choice_and_context_meter(qwen_server, browser, noise_pictu
     assert page.locator("#multimodal-budget input[value=default]").is_checked()
     _, limit = meter(page)
     send_with_picture(page, noise_pictures[0], "What is it?", 1)
-    page.wait_for_function("document.querySelectorAll('#chat-history .user .picture').length === 1", timeout=30_000)
+    page.wait_for_function("document.querySelectorAll('#chat-history .user .picture').length === 1", timeout=120_000)
     [default_cost] = captions(page)
     assert re.fullmatch(r"\d+ tokens", default_cost), default_cost
     used, shown_limit = meter(page)
@@ -83,7 +91,7 @@ def test_costs_budget_choice_and_context_meter(qwen_server, browser, noise_pictu
     time.sleep(2)
     assert page.locator("#chat-history .user").count() == 1
     send_with_picture(page, noise_pictures[0], "And at high?", 2)
-    page.wait_for_function("document.querySelectorAll('#chat-history .user .picture').length === 2", timeout=30_000)
+    page.wait_for_function("document.querySelectorAll('#chat-history .user .picture').length === 2", timeout=120_000)
     first, high_cost = captions(page)
     assert first == default_cost and int(high_cost.split()[0]) > int(default_cost.split()[0])
     assert page.locator("#multimodal-budget input[value=high]").is_checked(), "the choice stays after a send"
@@ -98,13 +106,13 @@ def set_truncation_length(page, value: int) -> None:
     box.fill(str(value))
     box.press("Enter")
     page.wait_for_function(f"document.querySelector('#context-meter').innerText.includes('/ {value} tokens')",
-                           timeout=30_000)
+                           timeout=120_000)
 
 
-def test_a_picture_dropped_to_fit_is_named_by_its_turn(qwen_server, browser, noise_pictures):
+def test_a_picture_dropped_to_fit_is_named_by_its_turn(second_server, browser, noise_pictures):
     """At "high" each picture takes more than the host's measure (at the setting's budget) counts, so the
     host keeps all three turns and the extension leaves out the oldest picture: turn 1's."""
-    page = open_chat(browser, qwen_server)
+    page = open_chat(browser, second_server)
     choose_budget(page, "high")
     set_truncation_length(page, 320)
     for turn, picture in enumerate(noise_pictures, start=1):
