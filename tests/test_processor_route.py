@@ -18,13 +18,14 @@ import torch
 from PIL import Image
 
 from extensions.multimodal.image_codec import store_image
-from extensions.multimodal.pipelines.hf_auto.processor_route import image_text, processor_inputs, with_bos_rule
+from extensions.multimodal.pipelines.hf_auto.image_tokens import image_text
+from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs, with_bos_rule
 from extensions.multimodal.processor_loading import (load_processor, pil_image_processor,
                                                      pil_image_processor_by_name)
 
 # What each builder's chat template writes for an image part (tests/vlm_families.py).
 TEMPLATE_IMAGE_TEXT = {
-    "llava": "<image>\n", "llava_next": "<image>\n", "llava_onevision": "<image>\n",
+    "llava": "<image>\n", "llava_next": "<image>\n", "llava_onevision": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>", "mistral3": "[IMG]",
     "idefics3": "<image>", "smolvlm": "<image>", "internvl": "<IMG_CONTEXT>\n", "aya_vision": "<image>",

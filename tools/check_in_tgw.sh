@@ -6,7 +6,11 @@
 #                                              # plus today's user_data/extensions/ install, plus the
 #                                              # harness's controls (extensions that must fail), plus
 #                                              # every image-text family on today's version at its own
-#                                              # pins, token for token against Hugging Face
+#                                              # pins, token for token against Hugging Face, its caches
+#                                              # on and off in the real server, the bad-picture
+#                                              # corpus through its real server, and its own page in
+#                                              # Chromium (screenshots: $TGW_UI_OUT, default
+#                                              # test-artifacts/tgw-ui)
 #   FAMILIES="gemma3 qwen2_5_vl" bash tools/check_in_tgw.sh   # only these families (FAMILIES=none: none)
 #   TGW_DIR=~/text-generation-webui TGW_PYTHON=~/text-generation-webui/installer_files/env/bin/python \
 #     bash tools/check_in_tgw.sh               # your own checkout, with its own Python environment
@@ -65,6 +69,12 @@ families() {  # every family served through its processor, on today's version at
     family "head-$fam-api-no-stream" "$fam" --model-after-extensions --image-mode api --api-no-stream
     family "head-$fam-upload" "$fam" --model-after-extensions --image-mode upload
   done
+  # the hub templates that take content only as parts, also in chat-instruct mode (the model's template
+  # wraps text-generation-webui's own chat prompt)
+  for fam in llava llava_next llava_onevision idefics3 smolvlm; do
+    [[ " ${FAMILIES:-$fam} " == *" $fam "* ]] || continue
+    family "head-$fam-chat-instruct" "$fam" --model-after-extensions --image-mode attach --mode chat-instruct
+  done
   # --model at start-up: loaded before any extension, so only what the loader loads whole by itself...
   if [[ " ${FAMILIES:-gemma3} " == *" gemma3 "* ]]; then
     family head-gemma3-startup-attach gemma3 --image-mode attach
@@ -78,6 +88,49 @@ families() {  # every family served through its processor, on today's version at
   else
     failed=$((failed + 1))
     echo "FAIL head-server-launch: $(grep -E '^FAIL|Error|exited' "$W/server-check-verdict.log" | head -1 | cut -c1-200) [log: $W/server-check-verdict.log]"
+  fi
+}
+
+caches() {  # the extension's caches in the real server: pictures on later turns, a regenerate, a new chat,
+  # every reply equal to Hugging Face's with the caches on and off (the fast path, and the processor route)
+  local fams=() fam
+  for fam in qwen2_5_vl llava_onevision llava gemma3; do
+    [[ " ${FAMILIES:-$fam} " == *" $fam "* ]] && fams+=("$fam")
+  done
+  [ ${#fams[@]} -gt 0 ] || return 0
+  if /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_cache_check.py" "$W" "$W/families" "${fams[@]}" \
+      >"$W/cache-check-verdict.log" 2>&1; then
+    echo "PASS head-caches: ${fams[*]}: $(tail -1 "$W/cache-check-verdict.log" | cut -c1-120)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL head-caches: $(grep -E '^FAIL|Error' "$W/cache-check-verdict.log" | head -1 | cut -c1-200) [log: $W/cache-check-verdict.log]"
+  fi
+}
+
+refusals() {  # the bad-picture corpus (tests/bad_pictures.py) through text-generation-webui's real server
+  local fam=${FAMILIES:-qwen2_5_vl}; fam=${fam%% *}
+  if /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_bad_pictures.py" "$W" "$W/families" "$fam" \
+      >"$W/bad-pictures-verdict.log" 2>&1; then
+    echo "PASS head-bad-pictures: $(tail -1 "$W/bad-pictures-verdict.log" | cut -c1-120)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL head-bad-pictures: $(grep -E '^FAIL|Error' "$W/bad-pictures-verdict.log" | head -1 | cut -c1-200) [log: $W/bad-pictures-verdict.log]"
+  fi
+}
+
+browser() {  # text-generation-webui's own page in Chromium (the harness's ui_shim): each family with its
+  # hub template, then a refused picture; the screenshots stay in $TGW_UI_OUT
+  local fams=() fam out=${TGW_UI_OUT:-$ROOT/test-artifacts/tgw-ui} refusal=${FAMILIES:-qwen2_5_vl}
+  for fam in qwen2_5_vl gemma3 llava_next llava; do
+    [[ " ${FAMILIES:-$fam} " == *" $fam "* ]] && fams+=("$fam")
+  done
+  if python "$ROOT/tools/tgw_ui_check.py" --harness "$W" --model-dir "$W/families/models" \
+      --hf-home "$W/families/hf_home" --out "$out" --work "$W/ui" --families "${fams[@]}" \
+      --refusal "${refusal%% *}" >"$W/ui-check.log" 2>&1; then
+    echo "PASS head-ui: its page in Chromium: ${fams[*]}, and a refused picture [screenshots: $out]"
+  else
+    failed=$((failed + 1))
+    echo "FAIL head-ui: $(grep -E '^FAIL' "$W/ui-check.log" | head -1 | cut -c1-200) [log: $W/ui-check.log]"
   fi
 }
 
@@ -98,7 +151,7 @@ if [ -z "${TGW_DIR:-}" ]; then
     expect_fail "$control" old-tag; expect_fail "$control" head-attach
   done
   expect_fail media_blind_extension head-attach; expect_fail media_blind_extension head-api
-  [ "${FAMILIES:-}" = none ] || families
+  if [ "${FAMILIES:-}" != none ]; then families; caches; refusals; browser; fi
 else
   PY=${TGW_PYTHON:-python3}
   TGW=$(cd "$TGW_DIR" && pwd) || { echo "TGW_DIR=$TGW_DIR is not a folder"; exit 2; }

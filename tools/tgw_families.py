@@ -9,14 +9,19 @@
         harness run: the reply's token ids equal the reference, and the reference changes with
         the picture. Exit 0 when both hold for every turn.
 
-The reference, for each turn: the family's processor on the prompt text-generation-webui built
-(`prompt_full`), each `<__media__>` marker (or picture tag) replaced by the text the checkpoint's
-chat template writes for one image, the harness's picture for each (one conversation's list, as
-`apply_chat_template(..., tokenize=True)` passes them), special tokens as Hugging Face's
-`apply_chat_template(..., tokenize=True)` adds them (none when the prompt starts with the BOS; in
-chat mode text-generation-webui's `add_bos_token` adds a missing one), then greedy `model.generate`
-with the harness's settings (its token bans, EOS banned). The image text per family is
-written here from the templates the builders use, not taken from the extension.
+The reference, for each turn, in instruct mode (text-generation-webui's default, and its API's):
+Hugging Face's own rendering of the conversation up to that turn with content as parts, as a
+user of `transformers` has it: `processor.apply_chat_template(messages, add_generation_prompt=True)`,
+the first user message `[{"type": "image"}, {"type": "text", "text": question}]` (text-generation-
+webui writes a message's pictures before its text), later ones text only, each assistant message the
+reply text-generation-webui kept; then the processor on that text with the harness's picture, special
+tokens as Hugging Face's `apply_chat_template(..., tokenize=True)` adds them (none when the text
+starts with the BOS), and greedy `model.generate` with the harness's settings (its token bans, EOS
+banned). In chat and chat-instruct modes the conversation is text-generation-webui's own (its chat
+template wraps it), so the reference takes the prompt it built (`prompt_full`), each `<__media__>`
+marker (or picture tag) replaced by the text the checkpoint's chat template writes for one image
+(written here per family, not taken from the extension), and checks that the prompt holds the
+user's question and one marker per picture; in chat mode its `add_bos_token` adds a missing BOS.
 """
 from __future__ import annotations
 
@@ -28,9 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MEDIA = "<__media__>"
+FIRST_QUESTION = "What is in this picture?"  # the harness's (run_in_tgw.py)
 TAG_STAND_IN = '<img src="data:image/...;base64,...">'  # how the harness writes picture tags in prompt_full
 IMAGE_TEXT = {
-    "llava": "<image>\n", "llava_next": "<image>\n", "llava_onevision": "<image>\n",
+    "llava": "<image>\n", "llava_next": "<image>\n", "llava_onevision": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
@@ -93,24 +99,38 @@ class Reference:
 
         info = report["models_info"]
         folder = Path(info["models_root"]) / info["model_name"]
-        self.torch, self.image_text = torch, info["image_text"]
+        self.torch, self.image_text, self.report = torch, info["image_text"], report
         self.model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
         self.processor = load_processor(folder)
-        state = report.get("state_summary") or {}
-        self.add_bos = state.get("mode") == "chat" and state.get("add_bos_token", True)
+        self.mode = (report.get("state_summary") or {}).get("mode", "instruct")
+        self.add_bos = self.mode == "chat" and (report.get("state_summary") or {}).get("add_bos_token", True)
         # text-generation-webui's generate() settings: its EOS (the tokenizer's), banned with ban_eos_token
         self.eos = self.processor.tokenizer.eos_token_id
         ban_eos = (report.get("state_overrides") or {}).get("ban_eos_token", False)
         self.banned = (report.get("banned_token_ids") or []) + ([self.eos] if ban_eos else [])
 
-    def reply(self, prompt_full: str, picture, n_tokens: int) -> list[int]:
+    def text(self, turn: dict) -> tuple[str, int]:
+        """The reference's prompt text for `turn` and its number of pictures."""
+        if self.mode == "instruct":
+            return self.processor.apply_chat_template(conversation(self.report, turn["turn"]), tokenize=False,
+                                                      add_generation_prompt=True), 1
+        prompt_full = turn["prompt_full"]
         count = prompt_full.count(MEDIA) + prompt_full.count(TAG_STAND_IN)
+        missing = [q for q in questions(turn["turn"]) if q not in prompt_full]
+        if missing or count != 1:
+            raise SystemExit(f"FAIL turn {turn['turn']}: the prompt lost the user's words {missing} or holds "
+                             f"{count} pictures, not 1: {prompt_full[-400:]!r}")
         text = prompt_full.replace(MEDIA, self.image_text).replace(TAG_STAND_IN, self.image_text)
         bos = self.processor.tokenizer.bos_token
         while bos and text.startswith(bos * 2):
             text = text[len(bos):]
         if self.add_bos and bos and not text.startswith(bos):
             text = bos + text
+        return text, count
+
+    def reply(self, turn: dict, picture, n_tokens: int) -> list[int]:
+        text, count = self.text(turn)
+        bos = self.processor.tokenizer.bos_token
         # Hugging Face's apply_chat_template(tokenize=True) rule: no special tokens after a template's BOS
         inputs = self.processor(text=[text], images=[[picture] * count] if count else None, return_tensors="pt",
                                 add_special_tokens=not (bos and text.startswith(bos)))
@@ -120,6 +140,26 @@ class Reference:
         return out[0, inputs["input_ids"].shape[-1]:].tolist()
 
 
+def questions(turn: int) -> list[str]:
+    """What the harness asked in turns 1 to `turn` (its own constants)."""
+    from run_in_tgw import FOLLOW_UPS
+
+    return [FIRST_QUESTION] + [FOLLOW_UPS[(k - 2) % len(FOLLOW_UPS)] for k in range(2, turn + 1)]
+
+
+def conversation(report: dict, turn: int) -> list[dict]:
+    """The chat up to `turn` as Hugging Face's processors take it: content as parts, the picture in
+    the first message before its text, each earlier turn's reply as text-generation-webui kept it."""
+    replies = {t["turn"]: t["reply"].strip() for t in report["turns"]}
+    messages = []
+    for k, question in enumerate(questions(turn), start=1):
+        image = [{"type": "image"}] if k == 1 else []
+        messages.append({"role": "user", "content": image + [{"type": "text", "text": question}]})
+        if k < turn:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": replies[k]}]})
+    return messages
+
+
 def reference(report_path: Path, invert: bool) -> int:
     report = json.loads(report_path.read_text())
     ref = Reference(report)
@@ -127,8 +167,8 @@ def reference(report_path: Path, invert: bool) -> int:
     failed = 0
     for turn in report["turns"]:
         got = turn["reply_token_ids"]
-        expected = ref.reply(turn["prompt_full"], sent, len(got))
-        changed = ref.reply(turn["prompt_full"], other, len(got)) != expected
+        expected = ref.reply(turn, sent, len(got))
+        changed = ref.reply(turn, other, len(got)) != expected
         verdict = "PASS" if got == expected and changed else "FAIL"
         failed += verdict == "FAIL"
         print(f"{verdict} turn {turn['turn']}: reply {got[:8]}... reference {expected[:8]}... "

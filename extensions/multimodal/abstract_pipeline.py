@@ -125,10 +125,11 @@ class AbstractMultimodalPipeline(ABC):
         return prompt
 
     def chat_template_placeholder(self) -> Optional[str]:
-        """The text the model's chat template writes for an image part (e.g. `<|image_pad|>`), or None.
+        """The text the model's chat template writes for an image part (e.g. Qwen's
+        `<|vision_start|><|image_pad|><|vision_end|>`), or None; an image's tag stands for all of it.
 
         A host that renders chat messages with structured content puts each image's tag there, so the
-        template formats images as the model was trained (markers around them, their place in the turn).
+        template formats images as the model was trained (their place in the turn, the text around them).
         """
         return None
 

@@ -35,6 +35,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "image_budget": "default",
     # image embeddings kept between turns, in MiB (0 turns the cache off)
     "embedding_cache_mb": 256,
+    # text-generation-webui, image-text checkpoints: keep the prompt's KV cache between turns, so a turn
+    # prefills only its new tokens (this repository's host has its own: --no-prefix-cache)
+    "prefix_cache": True,
     # more folders holding pipeline modules, searched after extensions/multimodal/pipelines/
     "pipeline_dirs": [],
     # original LLaVA checkpoints: a local CLIP folder instead of the hub repo the release used

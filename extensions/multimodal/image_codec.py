@@ -132,7 +132,8 @@ def decode_opened(image: Image.Image, label: str = "the image") -> Image.Image:
         raise ImageDecodeError(f"Cannot read {label}: {error}") from error
     except Exception as error:  # truncated or corrupt data: Pillow raises OSError, ValueError, SyntaxError, ...
         raise ImageDecodeError(f"Cannot read {label} ({image.format or 'unknown'} {image.size[0]}x{image.size[1]}): "
-                               f"the data is truncated or corrupt ({type(error).__name__}: {error}).") from error
+                               f"the data is truncated or corrupt ({type(error).__name__}: {error}). Send the image "
+                               f"again.") from error
 
 
 def tag_b64_to_image(b64: str, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:

@@ -43,6 +43,7 @@ class EmbedStats:
     from_cache: int = 0
     removed_images: int = 0  # dropped by truncation
     seconds: float = 0.0
+    cache_bytes: int = 0  # what the image cache holds after this prompt
 
 
 @dataclass
@@ -94,6 +95,7 @@ class MultimodalEmbedder:
                                    torch.zeros_like(part.input_ids, dtype=torch.bool) for part in parts])
             input_ids = unmaskable(input_ids, positions, self.pipeline)
         stats.seconds = time.perf_counter() - started
+        stats.cache_bytes = self.images.cache.total_bytes
         tokens = [n_tokens(part) for part in parts if part.is_image]
         return Embedded(input_ids, inputs_embeds, route, count_images(parts), stats, tokens)
 

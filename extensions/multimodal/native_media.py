@@ -10,6 +10,10 @@ extension in `state`, in the order of the markers, from one of (the precedence i
 `markers_to_tags` replaces each marker by that picture's history tag, so the rest of the extension
 sees one image format. When text-generation-webui dropped old turns to fit the context, the prompt
 holds fewer markers than the state holds pictures: markers and pictures are matched from the newest.
+A picture that cannot be read is refused (ImageDecodeError) when it came with the message being
+answered; one of an earlier message, which the user was told about when it was refused, is left out,
+so that the chat goes on (text-generation-webui keeps a refused message, and its picture, in its
+history).
 This module knows nothing about tokens or pipelines.
 """
 from __future__ import annotations
@@ -32,6 +36,28 @@ def state_images(state: dict) -> List[Any]:
     messages = history.get("messages") if isinstance(history, dict) else None
     urls = [url for message in messages or [] for url in message_image_urls(message)]
     return urls or list(state.get("raw_images") or [])
+
+
+def current_pictures(state: dict, pictures: List[Any]) -> int:
+    """How many of the newest `pictures` came with the message being answered."""
+    history = state.get("history") if isinstance(state.get("history"), dict) else {}
+    attachments = [a for a in state.get("image_attachments") or [] if isinstance(a, dict) and a.get("type") == "image"]
+    if attachments:  # the chat box: state['history'] is the history before this message, if it is a new one
+        rows = len(history.get("internal") or [])
+        per_row = [row_images(history, row) for row in range(rows)]
+        new = len(attachments) - sum(per_row)
+        return new if new > 0 else (per_row[-1] if per_row else len(attachments))
+    messages = history.get("messages")
+    users = [m for m in messages or [] if isinstance(m, dict) and m.get("role") == "user"]
+    if users:  # the API: the request's last user message
+        return len(message_image_urls(users[-1]))
+    return len(pictures)
+
+
+def row_images(history: dict, row: int) -> int:
+    metadata = history.get("metadata") or {}
+    attachments = (metadata.get(f"user_{row}") or {}).get("attachments") or []
+    return sum(1 for a in attachments if isinstance(a, dict) and a.get("type") == "image")
 
 
 def picture_data(picture: Any, label: str) -> Any:
@@ -73,8 +99,9 @@ def fetch(url: str) -> bytes:
     return data
 
 
-def markers_to_tags(prompt: str, state: dict, to_tag: Callable[[Any, str], str]) -> tuple[str, int]:
-    """`prompt` with each `<__media__>` replaced by its picture's tag; and how many markers had no picture.
+def markers_to_tags(prompt: str, state: dict, to_tag: Callable[[Any, str], str]) -> tuple[str, int, List[str]]:
+    """`prompt` with each `<__media__>` replaced by its picture's tag; how many markers had no picture;
+    and why each unreadable picture of an earlier message was left out.
 
     `to_tag(picture, label)` turns bytes or a PIL image into a history tag. Markers and pictures
     are matched from the newest; markers left without a picture (more markers than pictures) are
@@ -82,12 +109,20 @@ def markers_to_tags(prompt: str, state: dict, to_tag: Callable[[Any, str], str])
     """
     count = prompt.count(MEDIA_MARKER)
     if count == 0:
-        return prompt, 0
-    pictures = state_images(state)[-count:]
+        return prompt, 0, []
+    every = state_images(state)
+    pictures = every[-count:]
     missing = count - len(pictures)
-    tags = [""] * missing
+    first_current = len(every) - current_pictures(state, every)
+    tags, left_out = [""] * missing, []
     for i, picture in enumerate(pictures):
         label = f"picture {i + 1} of {len(pictures)}"
-        tags.append(to_tag(picture_data(picture, label), label))
+        try:
+            tags.append(to_tag(picture_data(picture, label), label))
+        except ImageDecodeError as error:
+            if len(every) - len(pictures) + i >= first_current:
+                raise
+            tags.append("")
+            left_out.append(str(error))
     pieces = prompt.split(MEDIA_MARKER)
-    return "".join(piece + tag for piece, tag in zip(pieces, tags)) + pieces[-1], missing
+    return "".join(piece + tag for piece, tag in zip(pieces, tags)) + pieces[-1], missing, left_out

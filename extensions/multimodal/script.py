@@ -10,7 +10,7 @@ today's text-generation-webui takes, its `generate_reply_HF`; anything more is f
 Hooks, in the order the host calls them:
 - `setup()`: lets the host's `AutoModelForCausalLM` load image-text checkpoints as their full class
   (`hf_auto/auto_classes.py`) and its template environment render `{% generation %}`
-  (`template_tags.py`), then loads the pipeline (`--multimodal-pipeline`, else the
+  (`template_tags.py`) and messages as parts (`template_parts.py`), then loads the pipeline (`--multimodal-pipeline`, else the
   `multimodal-pipeline` setting, else recognised from the model); raises a RuntimeError listing the
   available pipelines when a model is loaded and none fits. With no model loaded yet (a host started
   without one) the pipeline is picked when a model is; it is picked again whenever the model changes.
@@ -22,9 +22,9 @@ Hooks, in the order the host calls them:
 - `custom_tokenized_length(prompt)`: prompt length in tokens, image tokens included (on the processor
   route None for a prompt without pictures: the host measures text itself).
 - `custom_generate_reply(question, original_question, ...)`: present only while the loaded model is
-  an image-text checkpoint served through its processor in a host that builds `generate()`'s inputs
-  itself (text-generation-webui): the host's own generation, with the processor's image tensors
-  added (extensions/multimodal/processor_generation.py).
+  an image-text checkpoint in a host that builds `generate()`'s inputs itself (text-generation-webui):
+  the host's own generation, with the inputs of its `generate()` call set by the extension: the fast
+  path's route and kept KV cache, or the processor's image tensors (extensions/multimodal/tgw/generation.py).
 - `tokenizer_modifier(state, prompt, input_ids, input_embeds)`: for a prompt with images (`<img>`
   tags, or text-generation-webui's `<__media__>` markers with the pictures in `state`),
   `(prompt, input_ids [1, n] int64, inputs_embeds [1, n, hidden])` on the model's device and dtype;
@@ -95,9 +95,12 @@ from extensions.multimodal.native_media import MEDIA_MARKER, markers_to_tags  # 
 from extensions.multimodal.pipelines.hf_auto import budget_kwargs  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.auto_classes import register_image_text_classes  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs  # noqa: E402
+from extensions.multimodal.pipelines.hf_auto.image_tokens import LayoutUnavailable  # noqa: E402
 from extensions.multimodal.pipelines.hf_auto.routes import ROUTES  # noqa: E402
 from extensions.multimodal.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
 from extensions.multimodal.processor_loading import ProcessorLoadError  # noqa: E402
+from extensions.multimodal.refusal import host_errors  # noqa: E402
+from extensions.multimodal.template_parts import use_parts_templates  # noqa: E402
 from extensions.multimodal.template_tags import add_generation_tag  # noqa: E402
 from modules import shared  # noqa: E402
 from modules.logging_colors import logger  # noqa: E402
@@ -117,6 +120,7 @@ input_hijack = {"state": False, "value": ["", ""]}
 
 multimodal_embedder: Optional[MultimodalEmbedder] = None
 _embedder_model: Any = None  # the model `multimodal_embedder` was built for
+_processor_route_model: Any = None  # the model the embedder cannot serve here (see processor_route)
 
 # Longest side stored in history when the pipeline states no preference (keeps histories small).
 DEFAULT_HISTORY_MAX_SIDE = 1024
@@ -153,37 +157,52 @@ def setup() -> None:
     logger.info(f"Multimodal: AutoModelForCausalLM loads {', '.join(registered) or 'no more'} image-text models whole")
     if add_generation_tag():
         logger.info("Multimodal: chat templates may use {% generation %} (llava-hf's do)")
+    if use_parts_templates():
+        logger.info("Multimodal: chat templates that take parts get each message's text and pictures as parts")
     multimodal_embedder, _embedder_model = None, None
     if shared.model is None:
         logger.info("Multimodal: no model is loaded yet; the pipeline is picked when one is.")
-    elif processor_route():
-        check_processor()
+    elif extension_generates():
+        try:
+            processor_route()  # picks the route: the embedder where it serves this family here
+        except (ProcessorLoadError, ValueError) as error:  # said at load time: the model still serves text
+            logger.warning(f"Multimodal: {type(shared.model).__name__} will not see pictures here: {error}")
     else:
         embedder()
 
 
-def check_processor() -> None:
-    """Says at load time when the loaded model's processor cannot be built here, and the fix."""
-    try:
-        loaded_model.processor()
-    except (ProcessorLoadError, ValueError) as error:
-        logger.warning(f"Multimodal: {type(shared.model).__name__} will not see pictures here: {error}")
-
-
-def processor_route() -> bool:
-    """Whether the loaded model takes its pictures through its own processor and `generate()`:
-    an image-text family, in a host that builds `generate()`'s inputs itself (text-generation-webui)."""
+def extension_generates() -> bool:
+    """Whether this extension drives `generate()` for the loaded model: an image-text family, in a host
+    that builds `generate()`'s inputs itself (text-generation-webui; tgw/generation.py)."""
     model_type = getattr(getattr(shared.model, "config", None), "model_type", None)
     return model_type in ROUTES and not loaded_model.host_builds_routes()
 
 
-def __getattr__(name: str):
-    """`custom_generate_reply` exists while the processor route serves the loaded model (the host
-    looks it up with hasattr before each reply); see processor_generation.py."""
-    if name == "custom_generate_reply" and processor_route():
-        from extensions.multimodal.processor_generation import generate_reply
+def processor_route() -> bool:
+    """Whether the loaded model takes its pictures through its own processor and `generate()` (the tower
+    inside generate, every turn): where the extension generates, for a family the installed transformers
+    cannot serve on the embedder's route (`LayoutUnavailable`: text-generation-webui's pinned 5.6 gives
+    no processor replacement offsets and no `mm_encoder_outputs`). Elsewhere the embedder serves it."""
+    global _processor_route_model
+    if not extension_generates():
+        return False
+    if _processor_route_model is not shared.model and current_embedder() is None:
+        try:
+            embedder()
+        except LayoutUnavailable as error:
+            logger.info(f"Multimodal: {type(shared.model).__name__} through its processor, the tower inside "
+                        f"generate on every turn: {error}")
+            _processor_route_model = shared.model
+    return _processor_route_model is shared.model
 
-        return generate_reply
+
+def __getattr__(name: str):
+    """`custom_generate_reply` exists while the extension generates for the loaded model (the host
+    looks it up with hasattr before each reply); see tgw/generation.py."""
+    if name == "custom_generate_reply" and extension_generates():
+        from extensions.multimodal.tgw.generation import generate_reply
+
+        return partial(generate_reply, caching=bool(params["prefix_cache"]))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -287,6 +306,7 @@ def hijack_picture(picture: Any) -> None:
         input_hijack.update(state=True, value=partial(add_chat_picture, picture))
 
 
+@host_errors
 def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str, str]:
     images = state.pop(MESSAGE_IMAGES, None) or []
     if images:
@@ -303,10 +323,13 @@ def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str,
 
 def media_to_tags(prompt: str, state: dict) -> str:
     """text-generation-webui's `<__media__>` markers -> the tags of the pictures `state` carries."""
-    prompt, missing = markers_to_tags(prompt, state, lambda picture, label: history_tags([picture], state, lambda i, n: label)[0])
+    prompt, missing, left_out = markers_to_tags(
+        prompt, state, lambda picture, label: history_tags([picture], state, lambda i, n: label)[0])
     if missing:
         notices.tell(state, f"{missing} {MEDIA_MARKER} marker(s) in the prompt had no picture in the request "
                             f"and were left out.")
+    for cause in left_out:
+        notices.tell(state, f"A picture of an earlier message was left out: {cause}")
     return prompt
 
 
@@ -321,6 +344,7 @@ def stand_in_tag() -> str:
     return _stand_in_tag[0]
 
 
+@host_errors
 def custom_tokenized_length(prompt: str) -> Optional[int]:
     if MEDIA_MARKER in prompt:
         prompt = prompt.replace(MEDIA_MARKER, stand_in_tag())
@@ -339,6 +363,7 @@ def route_inputs(tagged: str, add_bos: bool, state: dict):
     return processor_inputs(processor, tagged, add_bos, max_image_pixels(params), kwargs)
 
 
+@host_errors
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
     tagged = media_to_tags(prompt, state) if MEDIA_MARKER in prompt else prompt
     if IMAGE_TAG_RE.search(tagged) is None:
@@ -347,10 +372,12 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
         return prompt, processor_route_ids(tagged, state), None
     embedded = embedder().forward(tagged, state)
     stats = embedded.stats
-    logger.info(f"Multimodal: embedded {stats.images} image(s) in {stats.seconds:.2f} s ({stats.from_cache} from cache)")
+    logger.info(f"Multimodal: embedded {stats.images} image(s) in {stats.seconds:.2f} s ({stats.from_cache} from "
+                f"cache; it holds {stats.cache_bytes / 2**20:.1f} of {params['embedding_cache_mb']} MiB)")
     if embedded.route is not None:
-        # This repository's host builds generate()'s inputs with it (3-D positions, precomputed features);
-        # hosts without it (text-generation-webui) generate from the embeddings.
+        # generate()'s inputs for this prompt (3-D positions, precomputed features): this repository's host
+        # builds them with it, and so does tgw/generation.py where the extension generates; text-generation-
+        # webui generates from the embeddings for any other model.
         state[MODEL_ROUTE] = embedded.route
     state[IMAGE_TOKENS] = embedded.image_tokens
     device, dtype = loaded_model.placement()
@@ -384,6 +411,6 @@ def image_placeholder():
 def logits_processor_modifier(processor_list, input_ids):
     """text-generation-webui's hook: ban the image placeholder ids where `PlaceholderBan` cannot run."""
     pipeline = current_pipeline()
-    if PlaceholderBan is None and pipeline is not None:
-        processor_list.append(HFPlaceholderBan(placeholder_ids(pipeline)))
+    if PlaceholderBan is None and pipeline is not None and not extension_generates():
+        processor_list.append(HFPlaceholderBan(placeholder_ids(pipeline)))  # (Hugging Face's generate bans none)
     return processor_list

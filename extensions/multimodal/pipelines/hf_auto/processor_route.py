@@ -12,57 +12,13 @@ Nothing here knows the host; nothing here generates.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
-from jinja2 import TemplateError
 from transformers.feature_extraction_utils import BatchFeature
 
 from extensions.multimodal.image_codec import IMAGE_TAG_RE, image_label, tag_b64_to_image
 
-from .image_tokens import image_placeholder
-
-PROBE = "\u2063probe\u2063"  # text no template writes by itself
-_image_texts: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
-
-
-def image_text(processor) -> str:
-    """The text the checkpoint's chat template writes for one image part.
-
-    E.g. "<image>\\n" (llava-hf), "<|vision_start|><|image_pad|><|vision_end|>" (Qwen),
-    "<start_of_image>" (Gemma 3): what a user message with one picture renders to, less what the
-    same message without the picture renders to. A checkpoint without a chat template that takes
-    image parts gets its processor's image placeholder.
-    """
-    if processor not in _image_texts:
-        try:
-            written = template_image_text(processor)
-        except (TemplateError, TypeError, ValueError):
-            written = image_placeholder(processor)
-        _image_texts[processor] = written
-    return _image_texts[processor]
-
-
-def template_image_text(processor) -> str:
-    text = [{"type": "text", "text": PROBE}]
-    with_image, without = render(processor, [{"type": "image"}] + text), render(processor, text)
-    start = common_prefix(with_image, without)
-    end = common_prefix(with_image[start:][::-1], without[start:][::-1])
-    written = with_image[start:len(with_image) - end]
-    if not written.strip():
-        raise ValueError(f"{type(processor).__name__}'s chat template writes nothing for an image part")
-    return written
-
-
-def render(processor, content: list) -> str:
-    return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
-
-
-def common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+from .image_tokens import image_text
 
 
 def with_bos_rule(text: str, bos_token: Optional[str], add_bos: bool) -> str:

@@ -35,6 +35,8 @@ read, so a previous request cannot leak into this one.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
@@ -61,6 +63,21 @@ def route_for(model) -> str:
     if model_type not in ROUTES:
         raise ValueError(f"No image route for model type {model_type!r}; known: {', '.join(sorted(ROUTES))}")
     return ROUTES[model_type]
+
+
+def routes_here(model) -> bool:
+    """Whether the installed transformers' `generate` takes this family's prompt as built here: the
+    "ids+features" route needs `mm_encoder_outputs` (transformers 5.23 and later); the cross-attention
+    route is exact from 5.23 on (at 5.6, text-generation-webui's pin, Mllama's replies differ from
+    Hugging Face's: measured)."""
+    route = route_for(model)
+    if route == IDS_FEATURES:
+        return "mm_encoder_outputs" in inspect.signature(model.forward).parameters
+    if route == CROSS_ATTENTION:
+        import transformers
+
+        return tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 23)
+    return True
 
 
 def embeds_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> dict:

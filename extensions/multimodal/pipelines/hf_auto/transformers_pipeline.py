@@ -25,7 +25,7 @@ from modules.logging_colors import logger
 
 from . import budget_kwargs, cross_attention, routes
 from .image_features import features_of
-from .image_tokens import image_placeholder, image_token_id, process_images
+from .image_tokens import LayoutUnavailable, image_placeholder, image_text, image_token_id, process_images
 
 # Submodules holding the vision tower and projector, by family (`model.model.<name>`).
 VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
@@ -33,8 +33,6 @@ BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the te
 LEADING_IMAGES = re.compile(f"(?:{IMAGE_TAG_RE.pattern})*")
 # Families whose processor lays out a picture differently once the conversation holds several.
 SEVERAL_CHANGE_LAYOUT = ("llava_onevision",)
-# The processor's replacement offsets and `generate(mm_encoder_outputs=...)` this pipeline builds on.
-MIN_TRANSFORMERS = (5, 23)
 
 
 def supports(model) -> bool:
@@ -44,14 +42,12 @@ def supports(model) -> bool:
     return routes.ROUTES[model_type] == routes.CROSS_ATTENTION or hasattr(model, "get_image_features")
 
 
-def check_transformers(name: str) -> None:
-    import transformers
-
-    found = tuple(int(part) for part in transformers.__version__.split(".")[:2])
-    if found < MIN_TRANSFORMERS:
-        raise ValueError(f"The '{name}' pipeline needs transformers {'.'.join(map(str, MIN_TRANSFORMERS))} or newer "
-                         f"(the processor's replacement offsets, pre-encoded image features); this environment has "
-                         f"{transformers.__version__}. Upgrade transformers: pip install -U 'transformers>=5.23'.")
+def check_served_here(model) -> None:
+    """Raises `LayoutUnavailable` for a family the installed transformers' `generate` cannot take as
+    routed here (the "ids+features" route needs `mm_encoder_outputs`, transformers 5.23 and later)."""
+    if not routes.routes_here(model):
+        raise LayoutUnavailable(f"{type(model).__name__} takes precomputed image features only through "
+                                f"generate(mm_encoder_outputs=...): transformers 5.23 or newer.")
 
 
 def with_company(images: List[Image.Image], several: bool) -> List[Image.Image]:
@@ -71,14 +67,18 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         if not supports(model):
             raise ValueError(f"The '{name}' pipeline cannot serve {type(model).__name__} ({model_type}): it is not "
                              f"an image-text model this pipeline knows (known: {', '.join(sorted(routes.ROUTES))}).")
-        check_transformers(name)
+        check_served_here(model)
         self._name, self.model, self.processor = name, model, loaded_model.processor()
         self.route = routes.route_for(model)
         self.image_id = image_token_id(model)
         blank = process_images(self.processor, [Image.new("RGB", (BLANK_SIDE, BLANK_SIDE))]).tokens[0]
-        # Plain text the processor writes around every image's special tokens (Gemma 3: "\n\n"): it
-        # belongs to the neighbouring text parts, encoded with them, as the processor tokenizes it.
-        self.before, self.after = blank.before, blank.after
+        # A tag stands for one image part as the chat template writes it (Qwen: the placeholder between
+        # <|vision_start|> and <|vision_end|>); the text around the placeholder, and the plain text the
+        # processor writes around every image's special tokens (Gemma 3: "\n\n"), belong to the
+        # neighbouring text parts, encoded with them, as the processor tokenizes the whole prompt.
+        self.image_text = image_text(self.processor)
+        prefix, _, suffix = self.image_text.partition(image_placeholder(self.processor))
+        self.before, self.after = prefix + blank.before, blank.after + suffix
         self.tokens_per_image = int((blank.ids == self.image_id).sum())
         self.vision_device, self.vision_dtype = self._place_vision(params)
 
@@ -195,7 +195,7 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         return prompt[:start] + bos + prompt[start:]
 
     def chat_template_placeholder(self) -> Optional[str]:
-        return image_placeholder(self.processor)
+        return self.image_text
 
     def embeds_all_images(self) -> bool:
         return True  # the model's own processor embeds every image of a conversation
