@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from extensions.multimodal.image_codec import store_bytes  # noqa: E402
+from extensions.multimodal.core.image_codec import store_bytes  # noqa: E402
 # the jpeg format's longest side when the pipeline states none
 from extensions.multimodal.script import DEFAULT_HISTORY_MAX_SIDE  # noqa: E402
 

@@ -102,8 +102,7 @@ def full_attention_blocks(depth: int) -> list[int]:
 def build_model(path: Path, vision_layers: int) -> Path:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
-    from extensions.multimodal.processor_loading import build_processor
-    from tests import vlm_families
+    from tests import tiny_processors, vlm_families
 
     tokenizer = vlm_families.qwen_tokenizer(vlm_families.hub_template("qwen2_5_vl"))
     vision = dict(depth=vision_layers, hidden_size=1280, intermediate_size=3420, num_heads=16, hidden_act="silu",
@@ -116,8 +115,8 @@ def build_model(path: Path, vision_layers: int) -> Path:
     image_processor = Qwen2VLImageProcessorPil(  # the hub's preprocessor_config.json for Qwen2.5-VL-7B-Instruct
         patch_size=14, merge_size=2, temporal_patch_size=2, size={"shortest_edge": 3136, "longest_edge": 12845056},
         image_mean=CLIP_MEAN, image_std=CLIP_STD)
-    processor = build_processor("Qwen2_5_VLProcessor", image_processor=image_processor, tokenizer=tokenizer,
-                                chat_template=vlm_families.hub_template("qwen2_5_vl"))
+    processor = tiny_processors.build("Qwen2_5_VLProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                      chat_template=vlm_families.hub_template("qwen2_5_vl"))
     vlm_families.save(path, Qwen2_5_VLForConditionalGeneration, config, processor, seed=0)
     print(f"model: Qwen2.5-VL vision interface, {vision_layers}/{REAL_VISION_DEPTH} vision blocks "
           f"(full attention at {vision['fullatt_block_indexes']}), LM width {LM['hidden_size']} x "

@@ -189,7 +189,7 @@ def rss_gb() -> float:
 
 def load_host(model_dir: Path, args, dtype: str) -> dict:
     """The model as `server.py --model DIR [--bf16]` loads it; the memory the extension adds, measured."""
-    from extensions.multimodal.pipelines.hf_auto.transformers_pipeline import VISION_PARTS
+    from extensions.multimodal.pipelines.hf_auto.image_features import vision_parts
 
     argv = ["--model", str(model_dir), "--multimodal-pipeline", "llava-hf"] + (["--cpu"] if args.device == "cpu" else [])
     shared.args = shared.parse_args(argv + (["--bf16"] if dtype == "bf16" else []))
@@ -204,9 +204,7 @@ def load_host(model_dir: Path, args, dtype: str) -> dict:
     shared.settings["multimodal-add_all_images_to_prompt"] = True
     bare = current_rss_gb()
     extensions.load_extensions()
-    inner = shared.model.model
-    tower_bytes = sum(p.numel() * p.element_size() for name in VISION_PARTS if hasattr(inner, name)
-                      for p in getattr(inner, name).parameters())
+    tower_bytes = sum(p.numel() * p.element_size() for part in vision_parts(shared.model) for p in part.parameters())
     return {"rss_bare_gb": bare, "rss_with_extension_gb": current_rss_gb(), "tower_gb": tower_bytes / 2**30}
 
 
@@ -221,10 +219,10 @@ def multimodal():
 
 def set_caches(on: bool) -> None:
     """Caches on/off: image embeddings, tokenized text parts, prefix KV reuse."""
-    from extensions.multimodal import prompt_encoding
-    from extensions.multimodal.embedding_cache import BoundedLRU, megabytes
+    from extensions.multimodal.core import prompt_encoding, served_model
+    from extensions.multimodal.core.embedding_cache import BoundedLRU, megabytes
 
-    embedder = multimodal().embedder()
+    embedder = served_model.embedder(multimodal().params)
     embedder.images.cache = BoundedLRU(megabytes(2048) if on else 0)
     embedder.prompts.memo = BoundedLRU(prompt_encoding.MEMO_BYTES if on else 0)
     prefix_cache.clear()
@@ -283,7 +281,7 @@ def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
 
 def hf_conversation(history: dict, upto: int) -> tuple[str, list]:
     """The prompt HF sees for turn `upto` (0-based): `<image>` where our history holds a tag."""
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE
+    from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 
     turns = [list(t) for t in history["internal"][:upto + 1]]
     turns[-1][1] = None
@@ -365,13 +363,13 @@ def run_limit(args, history: dict, reused: list[int]) -> list[float]:
 
 
 def tag_to_image(b64: str) -> Image.Image:
-    from extensions.multimodal.image_codec import tag_b64_to_image
+    from extensions.multimodal.core.image_codec import tag_b64_to_image
 
     return tag_b64_to_image(b64)
 
 
 def multimodal_tags(text: str) -> list[str]:
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE
+    from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 
     return [match.group("data") for match in IMAGE_TAG_RE.finditer(text)]
 

@@ -4,14 +4,16 @@ Text-generation-webui 1dcde41d's real server (`extensions/multimodal/launch.py -
 --nowebui`, in the harness's overlay of its source, its own Python and pins: transformers 5.6) serves
 a Qwen2.5-VL checkpoint with random weights whose vision interface is Qwen2.5-VL-7B's (patch 14,
 merge 2, a 1280-wide tower; `--vision-layers` of its 32 blocks, default 1) and the hub's processor
-settings, on a tiny language model (bench/image_budget.py builds it). Two server runs, each a fresh
-process, the same requests:
+settings, on a tiny language model (bench/image_budget.py builds it). Two servers, each a fresh
+process, the same requests, turn by turn in alternation:
 - `cached`: the extension as shipped (the image cache, `multimodal-embedding_cache_mb: 256`, and the
   prefix cache, `multimodal-prefix_cache: true`);
 - `uncached`: both off (`embedding_cache_mb: 0`, `prefix_cache: false`): every turn every picture
   goes through the tower and the whole prompt is prefilled.
 The chat: turns 1-4 each add one 1280x720 screenshot, turn 5 is text only; each turn a streaming,
-greedy `/v1/chat/completions` request with the whole conversation (as OpenAI clients send it).
+greedy `/v1/chat/completions` request with the whole conversation (as OpenAI clients send it). The
+chat runs `--chats` times (default 2) with other screenshots, each a new chat on the same servers;
+the table shows per turn the run whose first token came soonest (the JSON keeps them all).
 Per turn: the time to first token (TTFT: from sending the request to the first chunk with text;
 text-generation-webui sends an empty role chunk before it generates), the pictures that went through
 the vision tower (the extension's log: pictures embedded less those from its cache), the prompt
@@ -58,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vision-layers", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--bound-mb", type=int, default=16)
+    parser.add_argument("--chats", type=int, default=2,
+                        help="the chat this many times, other screenshots each time; per turn the fastest")
     parser.add_argument("--model-dir", type=str, default=None, help="keep the model here (built when missing)")
     parser.add_argument("--tgw-python", default="/tmp/tgw_venv_head/bin/python")
     parser.add_argument("--json-out", type=str, default=None)
@@ -153,29 +157,44 @@ def logged(lines: list[str]) -> dict:
             "prefilled": sum(int(m.group(1)) for m in prefilled), "reused": sum(int(m.group(2)) for m in prefilled)}
 
 
-def chat(server: Server, args, bans: str, pictures: int, questions: list[str]) -> list[dict]:
-    messages, turns = [], []
+def chat(servers: dict, args, bans: str, pictures: int, questions: list[str], seed: int = 0) -> dict:
+    """The chat on each server, turn by turn in alternation (noise from the rest of the machine falls on
+    both alike); {column: the turns' results}. `seed` picks the screenshots."""
+    messages = {column: [] for column in servers}
+    turns = {column: [] for column in servers}
     for turn, question in enumerate(questions):
         content: list = [{"type": "text", "text": question}]
         if turn < pictures:
-            url = data_url(screenshot(turn % 4, args.picture_size, seed=turn))
+            url = data_url(screenshot(turn % 4, args.picture_size, seed=seed + turn))
             content.insert(0, {"type": "image_url", "image_url": {"url": url}})
-        messages.append({"role": "user", "content": content})
-        turns.append(ask(server, messages, args, bans))
-        messages.append({"role": "assistant", "content": turns[-1]["reply"]})
+        for column, server in servers.items():
+            messages[column].append({"role": "user", "content": content})
+            turns[column].append(ask(server, messages[column], args, bans))
+            messages[column].append({"role": "assistant", "content": turns[column][-1]["reply"]})
     return turns
 
 
-def run(args, column: str, bans: str) -> dict:
-    server = Server(args, column, SETTINGS[column])
+def run(args, bans: str) -> dict:
+    """Both settings, each in a server of its own, warmed up, then the chat in alternation."""
+    servers = {}
     try:
+        for column in ("uncached", "cached"):
+            servers[column] = Server(args, column, SETTINGS[column])
         warm = [{"role": "user", "content": [{"type": "image_url", "image_url": {
             "url": data_url(screenshot(3, (224, 224), seed=99))}}, {"type": "text", "text": "Warm-up."}]}]
-        ask(server, warm, args, bans)
-        turns = chat(server, args, bans, 4, QUESTIONS)
-        return {"turns": turns, "peak_gb": server.peak_gb()}
+        for server in servers.values():
+            ask(server, warm, args, bans)
+        chats = [chat(servers, args, bans, 4, QUESTIONS, seed=100 * n) for n in range(args.chats)]
+        return {column: {"turns": fastest([one[column] for one in chats]), "chats": [one[column] for one in chats],
+                         "peak_gb": server.peak_gb()} for column, server in servers.items()}
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
+
+
+def fastest(chats: list[list[dict]]) -> list[dict]:
+    """Per turn, that turn of the chat whose first token came soonest."""
+    return [min(turns, key=lambda t: t["ttft_s"]) for turns in zip(*chats)]
 
 
 def bound_check(args, bans: str) -> dict:
@@ -183,7 +202,7 @@ def bound_check(args, bans: str) -> dict:
     server = Server(args, "bound", settings)
     try:
         questions = [f"Picture {n + 1}: what is on it?" for n in range(args.bound_pictures)]
-        turns = chat(server, args, bans, args.bound_pictures, questions)
+        turns = chat({"bound": server}, args, bans, args.bound_pictures, questions)["bound"]
         return {"bound_mb": args.bound_mb, "pictures": args.bound_pictures,
                 "largest_cache_mib": max(t["cache_mib"] for t in turns), "peak_gb": server.peak_gb(),
                 "tower_pictures": [t["tower_pictures"] for t in turns]}
@@ -211,7 +230,8 @@ def report(runs: dict, bound: dict, args) -> dict:
     return {"ttft_ratio": [ratio(c["ttft_s"], u["ttft_s"]) for u, c in zip(uncached, cached)],
             "tower_pictures_cached": [c["tower_pictures"] for c in cached],
             "tower_pictures_uncached": [u["tower_pictures"] for u in uncached],
-            "same_replies": [c["reply"] for c in cached] == [u["reply"] for u in uncached],
+            "same_replies": all([c["reply"] for c in one] == [u["reply"] for u in other] for one, other
+                                in zip(runs["cached"]["chats"], runs["uncached"]["chats"])),
             "peak_gb": {"cached": round(runs["cached"]["peak_gb"], 3), "uncached": round(runs["uncached"]["peak_gb"], 3)},
             "bound_mb": bound["bound_mb"], "bound_largest_cache_mib": bound["largest_cache_mib"],
             "bound_held": bound["largest_cache_mib"] <= bound["bound_mb"]}
@@ -222,7 +242,7 @@ def main() -> None:
     if not (args.model_dir / "config.json").exists():
         build_model(args.model_dir, args.vision_layers)
     bans = token_bans(args.model_dir)
-    runs = {column: run(args, column, bans) for column in ("uncached", "cached")}
+    runs = run(args, bans)
     bound = bound_check(args, bans)
     summary = report(runs, bound, args)
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,12 @@
-"""Chat: the one chat turn (UI and API alike), prompt building, saving and loading histories.
+"""Chat: the one chat turn and its state (UI and API alike), prompt building, saving and loading histories.
 
 A history is `{'internal': [[user, bot], ...], 'visible': [[user, bot], ...]}`: `internal` is what
 the model sees (images as the tags an extension writes), `visible` what the UI shows (HTML-escaped
 text plus those tags). Prompts come from the tokenizer's chat template, with a plain fallback; the
 oldest turns are dropped until the prompt fits `get_max_prompt_length(state)`.
 
+`new_state(history, **values)` is the one way a generation `state` is built: the settings, then
+what the caller sets (the UI its widgets' values, the API its request's parameters).
 `generate_chat_reply(text, state, regenerate, _continue)` is the turn. The UI and the API both call
 it, so extensions see text-generation-webui's hooks in its order: history, state, chat_input,
 input, custom_generate_chat_prompt, bot_prefix (while the prompt is built), then in `generate_reply`
@@ -25,7 +27,7 @@ import re
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from modules import chat_templates, shared
 from modules.extensions import apply_extensions
@@ -56,6 +58,20 @@ class ImagesNotTakenError(ValueError):
 
 def new_history() -> dict:
     return {"internal": [], "visible": []}
+
+
+def new_state(history: dict | None = None, **values: Any) -> dict:
+    """A generation `state`, built the one way for the UI, the API and tests: every setting
+    (`shared.settings`), then the caller's own `values` (the UI's parameters and per-message inputs, a
+    request's overrides), the history (a new one when None) and no notices yet. The two lengths are
+    made whole numbers, whichever widget or body gave them."""
+    state = dict(shared.settings)
+    state.update(values)
+    state["max_new_tokens"] = int(state["max_new_tokens"])
+    state["truncation_length"] = int(state["truncation_length"])
+    state["history"] = new_history() if history is None else history
+    state["notices"] = []
+    return state
 
 
 def build_messages(history: list[list[str]], user_input: str | None, state: dict) -> list[dict]:

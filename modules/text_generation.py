@@ -10,7 +10,9 @@
   `inputs_embeds`, the model generates from those embeddings with an all-ones attention mask.
   The loaded batch-level logits processors (`shared.logits_processors`) run first on each step's
   logits, with `state['logits_processor_args']` as the request's `extra_args`; then the processors
-  extensions add through `logits_processor_modifier`.
+  extensions add through `logits_processor_modifier`. Decoding is the state's alone
+  (`sampling_params`): each sampler and penalty is the state's value or off, as text-generation-webui
+  passes them, never the checkpoint's generation_config.json.
 This module knows nothing about chat history. Of images it knows only that an extension may name a
 tag pattern (`image_tag_pattern`) whose tags it leaves out of the plain ids (`text_for_plain_ids`).
 """
@@ -140,15 +142,27 @@ def is_greedy(state: dict) -> bool:
     return not state.get("do_sample", True) or float(state.get("temperature", 1.0)) == 0
 
 
+# Hugging Face's samplers and penalties that the state has no key for, at the values that turn them
+# off: `generate()` takes any it is not given from the checkpoint's generation_config.json
+# (text-generation-webui passes each from its own state).
+SAMPLERS_OFF: dict[str, Any] = {"min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+                                "eta_cutoff": 0.0}
+PENALTIES_OFF: dict[str, Any] = {"encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+
+
 def sampling_params(state: dict) -> dict[str, Any]:
-    params: dict[str, Any] = {"max_new_tokens": int(state["max_new_tokens"])}
+    """`generate()`'s decoding arguments, as text-generation-webui passes them: the state's value of
+    every sampler and penalty it holds, even a neutral one (repetition_penalty 1.0), and "off" for the
+    rest, so a checkpoint's own generation_config.json (Qwen's repetition_penalty 1.05) never applies."""
+    params: dict[str, Any] = {"max_new_tokens": int(state["max_new_tokens"]),
+                              "repetition_penalty": float(state["repetition_penalty"]), **PENALTIES_OFF}
     if is_greedy(state):
-        params.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        # Greedy decoding runs no sampler: each is unset, which also keeps transformers from warning
+        # that the state's temperature and top_p are ignored.
+        params.update(do_sample=False, temperature=None, top_p=None, top_k=None, **dict.fromkeys(SAMPLERS_OFF))
     else:
         params.update(do_sample=True, temperature=float(state["temperature"]), top_p=float(state["top_p"]),
-                      top_k=int(state.get("top_k") or 0))
-    if float(state.get("repetition_penalty", 1.0)) != 1.0:
-        params["repetition_penalty"] = float(state["repetition_penalty"])
+                      top_k=int(state.get("top_k") or 0), **SAMPLERS_OFF)
     eos = shared.tokenizer.eos_token_id
     pad = shared.tokenizer.pad_token_id
     params["pad_token_id"] = pad if pad is not None else eos

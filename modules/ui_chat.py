@@ -64,7 +64,7 @@ def split_values(values: tuple) -> tuple[tuple, tuple, tuple]:
     """
     n_params, inputs, options = len(PARAMETER_KEYS), extension_input_keys(), extension_option_keys()
     if len(values) not in (n_params, n_params + len(inputs), n_params + len(inputs) + len(options)):
-        raise ValueError(f"build_state got {len(values)} values; expected {n_params} parameters "
+        raise ValueError(f"The chat handler got {len(values)} values; expected {n_params} parameters "
                          f"({', '.join(PARAMETER_KEYS)}), then 0 or {len(inputs)} extension inputs "
                          f"({', '.join(inputs)}), then 0 or {len(options)} extension options ({', '.join(options)})")
     n_inputs = min(len(inputs), len(values) - n_params)
@@ -80,19 +80,15 @@ def without_inputs(values: tuple) -> tuple:
     return (*values[:n_params], *([None] * len(extension_input_keys())), *values[n_params:])
 
 
-def build_state(history: dict, *values) -> dict:
-    """A generation `state`: settings, then the parameters', extension inputs' and options' values
-    (`split_values`); an option not passed leaves the extension's own setting in charge."""
+def state_from_values(history: dict, *values) -> dict:
+    """`chat.new_state` with a handler's values (`split_values`) under their state keys: the
+    parameters', extension inputs' and options'; an option not passed leaves the extension's own
+    setting in charge."""
     params, inputs, options = split_values(values)
-    state = dict(shared.settings)
-    state.update(zip(PARAMETER_KEYS, params))
-    state["max_new_tokens"] = int(state["max_new_tokens"])
-    state["truncation_length"] = int(state["truncation_length"])
-    state.update(zip(extension_input_keys(), inputs))
-    state.update(zip(extension_option_keys(), options))
-    state["history"] = history
-    state["notices"] = []
-    return state
+    keyed = dict(zip(PARAMETER_KEYS, params))
+    keyed.update(zip(extension_input_keys(), inputs))
+    keyed.update(zip(extension_option_keys(), options))
+    return chat.new_state(history, **keyed)
 
 
 def has_input(text: str, extension_values: tuple) -> bool:
@@ -110,7 +106,7 @@ def generate(text: str, history: dict, *values, regenerate: bool = False) -> Ite
         yield chat_html_wrapper(history), history  # an empty Enter adds no turn
         return
     try:
-        state = build_state(history, *values)
+        state = state_from_values(history, *values)
         for latest in chat.generate_chat_reply(text, state, regenerate=regenerate, for_ui=True):
             yield chat_html_wrapper(latest), latest
     except Exception as error:  # any failure must reach the user and leave the session usable
@@ -133,7 +129,7 @@ def context_meter(history: dict, *values) -> str:
     `values` as `regenerate`'s. Empty while no model is loaded."""
     if shared.model is None:
         return ""
-    state = build_state(history, *without_inputs(values))
+    state = state_from_values(history, *without_inputs(values))
     try:
         used = get_encoded_length(chat.generate_chat_prompt("", state))
     except ValueError as error:  # e.g. a loaded history holding a picture that cannot be read

@@ -64,6 +64,12 @@ def llama_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sampler_defaults_llama_dir(llama_dir, tmp_path_factory) -> Path:
+    """The tiny Llama's weights with a checkpoint's own sampler defaults (`tiny_models.CHECKPOINT_SAMPLERS`)."""
+    return tiny_models.with_sampler_defaults(llama_dir, tmp_path_factory.mktemp("models") / "tiny-llama-samplers")
+
+
+@pytest.fixture(scope="session")
 def llava_dir(tmp_path_factory) -> Path:
     return tiny_models.build_llava(tmp_path_factory.mktemp("models") / "tiny-llava-hf")
 

@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from modules import extensions, logits_processor_loader, model_settings, models, prefix_cache, shared
+from modules import chat, extensions, logits_processor_loader, model_settings, models, prefix_cache, shared
 
 
 def snapshot() -> dict:
@@ -50,15 +50,31 @@ def load(model_dir: Path, extension_names: list[str] | None = None, argv: list[s
 
 
 def greedy_state(**overrides) -> dict:
-    state = dict(shared.settings)
-    state.update(do_sample=False, max_new_tokens=8, seed=0, history={"internal": [], "visible": []})
-    state.update(overrides)
-    return state
+    """`chat.new_state` for 8 greedy tokens with seed 0, then `overrides` (a `history` among them)."""
+    history = overrides.pop("history", None)
+    return chat.new_state(history, **{"do_sample": False, "max_new_tokens": 8, "seed": 0, **overrides})
 
 
 def import_fresh(module: str):
     sys.modules.pop(module, None)
     return importlib.import_module(module)
+
+
+def hf_continuation(model_dir: Path, prompt: str, max_new_tokens: int, seed: int = 0, **decoding) -> str:
+    """Hugging Face's own `generate` on a model folder loaded as is, the reference side of a comparison:
+    the decoded text after `prompt`, `max_new_tokens` long (EOS is banned), with `decoding`'s arguments,
+    the random generator seeded with `seed` just before (as the host seeds a request's)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    transformers.set_seed(seed)
+    output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                            suppress_tokens=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id, **decoding)
+    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)
 
 
 def hf_processor():

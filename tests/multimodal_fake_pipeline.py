@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 # Imported once, with the test modules: the `host` fixture drops extension modules from sys.modules
 # after each test, and a fresh import would raise error classes the tests do not hold.
-from extensions.multimodal.multimodal_embedder import MultimodalEmbedder
+from extensions.multimodal.core.multimodal_embedder import MultimodalEmbedder
 from modules import shared
 
 

@@ -141,6 +141,42 @@ def test_seed_makes_sampling_repeatable(llama_api):
     assert len(others | {first}) > 1, "different seeds give different samples"
 
 
+@pytest.fixture(scope="module")
+def sampler_defaults_api(sampler_defaults_llama_dir):
+    with api_helpers.serving(sampler_defaults_llama_dir) as api:
+        yield api
+
+
+def completion_text(api: api_helpers.LiveAPI, **params) -> str:
+    """16 tokens after "Hello world" (EOS banned), with the request's `params`."""
+    body = {"prompt": "Hello world", "max_tokens": 16, "ban_eos_token": True, **params}
+    return api.post("/completions", json=body).json()["choices"][0]["text"]
+
+
+def test_the_requests_repetition_penalty_applies_never_the_checkpoints(sampler_defaults_api,
+                                                                        sampler_defaults_llama_dir):
+    """The checkpoint's generation_config.json says repetition_penalty 1.05 (as Qwen2's do): a request that
+    says 1.0 gets 1.0, as in text-generation-webui, and one that says nothing the host's setting (1.0)."""
+    plain, penalised = (host_helpers.hf_continuation(sampler_defaults_llama_dir, "Hello world", 16, do_sample=False,
+                                                     **penalty) for penalty in ({"repetition_penalty": 1.0}, {}))
+    assert plain != penalised, "the checkpoint's penalty changes this reply"
+    assert completion_text(sampler_defaults_api, temperature=0, repetition_penalty=1.0) == plain
+    assert completion_text(sampler_defaults_api, temperature=0) == plain
+    assert completion_text(sampler_defaults_api, temperature=0, repetition_penalty=1.05) == penalised
+
+
+def test_a_sampled_request_uses_its_own_samplers_only(sampler_defaults_api, sampler_defaults_llama_dir, llama_dir):
+    """Sampling draws what Hugging Face draws from the same weights and seed with the request's temperature,
+    top_p and top_k and no checkpoint defaults (`llama_dir`); the checkpoint's top_k 20, min_p and typical_p
+    would draw something else."""
+    sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, seed=7)
+    expected = host_helpers.hf_continuation(llama_dir, "Hello world", 16, **sampling)
+    with_defaults = host_helpers.hf_continuation(sampler_defaults_llama_dir, "Hello world", 16, **sampling,
+                                                 repetition_penalty=1.0)
+    assert expected != with_defaults, "the checkpoint's samplers change this sample"
+    assert completion_text(sampler_defaults_api, temperature=1.0, top_p=1.0, top_k=0, seed=7) == expected
+
+
 def test_max_tokens_bounds_the_reply(llama_api):
     result = llama_api.client().completions.create(prompt="Hello", model="any", temperature=0, max_tokens=3,
                                                    extra_body={"ban_eos_token": True})
@@ -226,7 +262,7 @@ def test_chat_image_reply_equals_hugging_face_generate(llava_api):
     import torch
 
     import extensions.multimodal.script as multimodal
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE, decode_image_bytes
+    from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, decode_image_bytes
 
     data = api_helpers.image_bytes("green", "triangle")
     result = llava_api.client().chat.completions.create(messages=[image_message(data)], **GREEDY)

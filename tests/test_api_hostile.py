@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from modules import shared
+from modules.api.capped_read import TooLarge, read_capped
 from modules.api.config import APIConfig, is_public_address
 from modules.api.errors import APIError
 from modules.api.image_fetch import fetch_image_bytes
@@ -161,6 +162,24 @@ def test_huge_bodies_are_413(llama_api):
     assert_still_serving(llama_api)
 
 
+def test_a_capped_read_takes_the_limit_and_not_a_byte_more():
+    async def chunks(*parts: bytes):
+        for part in parts:
+            yield part
+
+    def read(content_length: str | None, *parts: bytes) -> bytes:
+        return asyncio.run(read_capped(chunks(*parts), content_length, 4))
+
+    assert read(None, b"ab", b"cd") == b"abcd" and read("4", b"abcd") == b"abcd"
+    assert read("many", b"ab") == b"ab", "a header that is no number is left to the bytes read"
+    with pytest.raises(TooLarge) as raised:
+        read(None, b"ab", b"cde")
+    assert (raised.value.size, raised.value.declared) == (5, False)
+    with pytest.raises(TooLarge) as raised:
+        read("5")  # refused before a byte is read
+    assert (raised.value.size, raised.value.declared) == (5, True)
+
+
 def test_unknown_routes_are_404(llama_api):
     for method, path in (("GET", "/v1/nope"), ("POST", "/v1/engines/x/completions"), ("GET", "/")):
         response = httpx.request(method, llama_api.url.removesuffix("/v1") + path)
@@ -298,7 +317,7 @@ def test_pipeline_failure_is_500_and_frees_the_lock(llava_apis, monkeypatch):
     import extensions.multimodal.script as multimodal
 
     default_api, _ = llava_apis
-    pipeline = multimodal.embedder().pipeline
+    pipeline = multimodal.served_model.embedder(multimodal.params).pipeline
 
     def out_of_memory(images):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")

@@ -22,7 +22,7 @@ def test_bf16_end_to_end_equals_hugging_face_in_bf16(host, family_folder, name):
     assert shared.model.get_input_embeddings().weight.dtype == torch.bfloat16
     assert {p.dtype for p in tower.parameters()} == {torch.bfloat16}
     picture = png(64, 48, 21)
-    assert script.embedder().pipeline.embed_images([Image.open(io.BytesIO(picture))])[0].dtype == torch.bfloat16
+    assert script.served_model.embedder(script.params).pipeline.embed_images([Image.open(io.BytesIO(picture))])[0].dtype == torch.bfloat16
     state = dict(shared.settings, max_new_tokens=NEW_TOKENS, do_sample=False, seed=0, history=chat.new_history(),
                  message_images=[picture])
     latest = list(chat.generate_chat_reply("What is in the picture?", state, loading_message=False))[-1]

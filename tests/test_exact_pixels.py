@@ -18,11 +18,12 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 from modules import chat, shared, ui_chat
 from tests import api_helpers, host_helpers
 from tests.conftest import ROOT
 from tests.multimodal_fake_pipeline import encoded, noise_image
+from extensions.multimodal.tgw import serving
 
 
 def with_alpha() -> Image.Image:
@@ -84,7 +85,7 @@ def received(fake_served, monkeypatch):
     import extensions.multimodal.script as script
 
     seen = {"images": [], "prompts": []}
-    pipeline = script.embedder().pipeline
+    pipeline = script.served_model.embedder(script.params).pipeline
     embed_images, tokenizer_modifier = pipeline.embed_images, script.tokenizer_modifier
 
     def recording_embed(images):
@@ -97,7 +98,7 @@ def received(fake_served, monkeypatch):
 
     monkeypatch.setattr(pipeline, "embed_images", recording_embed)
     monkeypatch.setattr(script, "tokenizer_modifier", recording_hook)
-    script.embedder().images.cache.clear()
+    script.served_model.embedder(script.params).images.cache.clear()
     return seen
 
 
@@ -116,8 +117,8 @@ def test_the_pipeline_gets_the_pixels_sent_through_the_ui_and_the_api(received, 
     assert "Generation failed" not in history["visible"][-1][1]
     import extensions.multimodal.script as script
 
-    assert len(script.embedder().images.cache) == 1
-    script.embedder().images.cache.clear()  # the same stored bytes would come from the cache: embed them again
+    assert len(script.served_model.embedder(script.params).images.cache) == 1
+    script.served_model.embedder(script.params).images.cache.clear()  # the same stored bytes would come from the cache: embed them again
     url = api_helpers.data_url(sent, "image/" + ("jpeg" if sent[:2] == b"\xff\xd8" else "png"))
     fake_served.client().chat.completions.create(model="any", max_tokens=2, temperature=0, messages=[
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}])

@@ -21,13 +21,14 @@ TURNS = [("<image>\nWhat is in the picture?", 0), ("And the colour?", None), ("<
 
 
 def hf_reply(messages: list[dict], pictures: list[bytes], max_new_tokens: int) -> str:
-    prompt = shared.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    processor = host_helpers.hf_processor()  # transformers' own, not the host's tokenizer
+    prompt = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
-    inputs = host_helpers.hf_processor()(text=prompt, images=images, return_tensors="pt")
+    inputs = processor(text=prompt, images=images, return_tensors="pt")
     with torch.inference_mode():
         output = shared.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                       pad_token_id=shared.tokenizer.pad_token_id)
-    return shared.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).lstrip(" ")
+                                       pad_token_id=processor.tokenizer.pad_token_id)
+    return processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).lstrip(" ")
 
 
 def api_message(text: str, picture: bytes | None) -> dict:

@@ -92,7 +92,7 @@ def test_odd_but_valid_uploads_are_answered(llava_ui, tmp_path, case):
     path.write_bytes(ODD_BUT_VALID[case]())
     html, after = send("What is this?", {"internal": [], "visible": []}, [str(path)])
     assert "Generation failed" not in html
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE, decode_image_bytes, tag_b64_to_image
+    from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, decode_image_bytes, tag_b64_to_image
 
     match = IMAGE_TAG_RE.match(after["internal"][-1][0])
     assert match and after["internal"][-1][1]

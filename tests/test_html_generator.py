@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 from modules import extensions
 from modules.html_generator import chat_html_wrapper, render_text, strip_image_tags
 

@@ -3,7 +3,9 @@ own `from_pretrained` (defaults: the saved dtype, the folder's generation config
 
 Each folder: bfloat16 weights (`dtype` in config.json) and a generation config as Qwen2.5-VL's on the
 hub: pad and EOS ids that occur in every prompt's template, and its sampling defaults, among them
-`repetition_penalty` 1.05, which Hugging Face's greedy `generate` applies to the prompt's ids too.
+`repetition_penalty` 1.05, which Hugging Face's greedy `generate` applies to the prompt's ids too. The
+host never takes a checkpoint's sampler values (text-generation-webui's rule), so the requests ask for
+that penalty themselves.
 The Qwen2.5-VL folder also has the older `"type": "mrope"` rope key beside `rope_type`, and a
 template that writes Qwen's default system message. One family per route: embeddings with 3-D
 positions (Qwen2.5-VL), embeddings (LLaVA-OneVision), ids with features (Gemma 3).
@@ -63,7 +65,7 @@ def test_a_hub_folder_through_the_api_equals_hugging_face_as_it_loads_it(hub_fol
         for text, pictures in [("what shape is this", [picture]), ("and the colour?", []), ("and now?", [])]:
             messages.append(user(text, pictures))
             turns.append((text, pictures, None))
-            reply = ask(api, messages)
+            reply = ask(api, messages, repetition_penalty=QWEN_GENERATION["repetition_penalty"])
             assert reply == hf_reply(turns, reference), text
             messages.append({"role": "assistant", "content": reply})
             turns[-1] = (text, pictures, reply)

@@ -2,24 +2,40 @@
 
 Each family with a budget knob is served from its tiny checkpoint (tests/vlm_families.py) as a
 user's folder; one server takes the same picture at several budgets, each request checked against
-Hugging Face's `generate(**processor(text, [images], **kwargs))` with the processor keyword arguments
-the budget stands for (`budget_kwargs`): the prompt length and the reply must be equal. The tiny
-processors read small pictures (their own defaults are a few thousand pixels), so a pixel budget
-below that shows the count falling where "low" (512x512) would change nothing.
+Hugging Face's `generate(**processor(...))` (`tests/hf_reference.py`) with the processor keyword
+arguments the budget stands for, written out per checkpoint (`BUDGET_KWARGS`, not the extension's
+`budget_kwargs`): the prompt length and the reply must be equal. The tiny processors read small
+pictures (their own defaults are a few thousand pixels), so a pixel budget below that shows the count
+falling where "low" (512x512) would change nothing.
 """
 from __future__ import annotations
 
 import pytest
 
-from extensions.multimodal import image_budget, loaded_model
-from extensions.multimodal.pipelines.hf_auto import budget_kwargs
-from extensions.multimodal.pipelines.hf_auto.image_tokens import image_token_id
+from extensions.multimodal.core import image_budget
 from modules import shared
 from tests import api_helpers
 from tests.test_vlm_families_host import NEW_TOKENS, hf_generate, png
 
-KNOB_FAMILIES = ["qwen2_5_vl", "idefics3", "internvl", "mistral3"]
+KNOB_FAMILIES = ["qwen2_5_vl", "idefics3", "internvl", "mistral3"]  # BUDGET_KWARGS below
 SMALL = 1024  # pixels: below every tiny checkpoint's own reading of these pictures
+# The processor keyword arguments each budget stands for on these checkpoints (README, "What a picture
+# costs"; the tiny processors' settings are in tests/vlm_families.py). "default": none. "low" is 512x512
+# pixels but never above the checkpoint's default, "high" 2048x2048 but never below it.
+BUDGET_KWARGS = {
+    # pixels per picture: `size` {shortest_edge, longest_edge}; default 1024..16384 pixels
+    "qwen2_5_vl": {SMALL: {"size": {"shortest_edge": 1024, "longest_edge": 1024}},
+                   "low": {"size": {"shortest_edge": 1024, "longest_edge": 16384}},
+                   "high": {"size": {"shortest_edge": 1024, "longest_edge": 2048 * 2048}}},
+    # image splitting: `size` {longest_edge} in whole 32-pixel tiles, at most 6 a side; default 64
+    "idefics3": {SMALL: {"size": {"longest_edge": 32}}, "low": {"size": {"longest_edge": 64}},
+                 "high": {"size": {"longest_edge": 6 * 32}}},
+    # tiles per picture: `max_patches` of 32x32 pixels; default 4
+    "internvl": {SMALL: {"max_patches": 1}, "low": {"max_patches": 4}, "high": {"max_patches": 2048 * 2048 // 1024}},
+    # the longest edge, never above the vision tower's 64 pixels
+    "mistral3": {SMALL: {"size": {"longest_edge": 32}}, "low": {"size": {"longest_edge": 64}},
+                 "high": {"size": {"longest_edge": 64}}},
+}
 
 
 def ask(api, picture: bytes, budget) -> dict:
@@ -34,10 +50,9 @@ def ask(api, picture: bytes, budget) -> dict:
 
 def reference(picture: bytes, budget) -> tuple[int, str, int]:
     """Hugging Face's prompt length, reply and image-token count under the budget's processor kwargs."""
-    kwargs = budget_kwargs.images_kwargs(shared.model.config.model_type, loaded_model.processor().image_processor,
-                                         image_budget.parse(budget))
+    kwargs = BUDGET_KWARGS.get(shared.model.config.model_type, {}).get(budget, {})
     ids, reply = hf_generate([("What is in the picture?", [picture], None)], images_kwargs=kwargs)
-    return ids.shape[0], reply, int((ids == image_token_id(shared.model)).sum())
+    return ids.shape[0], reply, int((ids == shared.model.config.image_token_id).sum())
 
 
 @pytest.mark.parametrize("name", KNOB_FAMILIES)

@@ -10,7 +10,7 @@ import importlib
 import pytest
 import torch
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE, store_image, tag_b64_to_image
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, store_image, tag_b64_to_image
 from modules import shared
 from modules.extensions import apply_extensions
 from modules.text_generation import decode, encode, generate_reply
@@ -30,8 +30,8 @@ def served(host, folder):
     # add_all_images_to_prompt: every image gets real embeddings, as in HF's forward
     host.load(folder, ["multimodal"], settings={"multimodal-add_all_images_to_prompt": True})
     script = importlib.import_module("extensions.multimodal.script")
-    assert script.multimodal_embedder is not None, "the multimodal extension did not set up (see the log)"
-    assert script.multimodal_embedder.pipeline.name() == "llava-hf"
+    assert script.served_model.current_embedder() is not None, "the multimodal extension did not set up (see the log)"
+    assert script.served_model.current_embedder().pipeline.name() == "llava-hf"
     return script
 
 
@@ -77,7 +77,7 @@ def test_server_main_with_a_llava_hf_folder_and_no_pipeline_flag(host, folders):
     server.main(["--model", str(folders["llava_next"]), "--nowebui"])  # loads, then returns: nothing to serve
     script = importlib.import_module("extensions.multimodal.script")
     assert "multimodal" in shared.args.extensions and shared.args.multimodal_pipeline is None
-    assert script.multimodal_embedder.pipeline.name() == "llava-hf"
+    assert script.served_model.current_embedder().pipeline.name() == "llava-hf"
     tags, _ = tagged([(40, 20)])
     reply = list(generate_reply(ONE.format(tags[0]), host.greedy_state(max_new_tokens=4, ban_eos_token=True)))[-1]
     assert reply

@@ -24,7 +24,7 @@ PREFIX = "model.mm_projector."
 
 
 def llava_pipelines():
-    from extensions.multimodal.pipelines.llava_original import pipelines
+    from extensions.multimodal.pipelines.llava import pipelines
 
     return pipelines
 
@@ -149,7 +149,7 @@ def test_projector_in_bin_shards_of_the_model_folder(host, llava_original_dirs, 
 def test_missing_projector_names_what_and_where(host, llama_dir, llava_original_dirs):
     _, clip_dir = llava_original_dirs
     host.load(llama_dir)
-    from extensions.multimodal.pipelines.llava_original.weights import MissingWeightsError
+    from extensions.multimodal.pipelines.llava.weights import MissingWeightsError
 
     with pytest.raises(MissingWeightsError) as error:  # HF_HUB_OFFLINE=1 (conftest): the hub is not reached
         llava_pipelines().get_pipeline("llava-v1.5-7b", {"vision_tower": str(clip_dir)})
@@ -166,7 +166,7 @@ def test_missing_projector_names_what_and_where(host, llama_dir, llava_original_
 
 def test_missing_vision_tower_names_what_and_where(host, llama_dir, tmp_path):
     host.load(llama_dir)
-    from extensions.multimodal.pipelines.llava_original.weights import MissingWeightsError
+    from extensions.multimodal.pipelines.llava.weights import MissingWeightsError
 
     with pytest.raises(MissingWeightsError) as error:
         llava_pipelines().get_pipeline("llava-v1.5-7b", {})
@@ -246,14 +246,14 @@ def test_no_pick_for_a_plain_llama(host, llama_dir):
 
 def test_served_through_the_extension(host, llava_original_dirs):
     """No --multimodal-pipeline: picked from the folder name; the image rows are the reference's."""
-    from extensions.multimodal.image_codec import IMAGE_TAG_RE, store_image, tag_b64_to_image
+    from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, store_image, tag_b64_to_image
     from modules.extensions import apply_extensions
     from modules.text_generation import encode, generate_reply
 
     model_dir, clip_dir = llava_original_dirs
     host.load(model_dir, ["multimodal"])
     script = importlib.import_module("extensions.multimodal.script")
-    assert script.multimodal_embedder is not None and script.multimodal_embedder.pipeline.name() == "llava-v1.5-7b"
+    assert script.served_model.current_embedder() is not None and script.served_model.current_embedder().pipeline.name() == "llava-v1.5-7b"
     tag = store_image(IMAGES[0]).tag
     decoded = tag_b64_to_image(IMAGE_TAG_RE.search(tag).group("data"))
     prompt = f"USER: {tag}\nWhat is this?\nASSISTANT:"
@@ -283,7 +283,7 @@ def test_every_release_fetches_its_tower_and_projector_through_the_hub_cache(hos
                                                                               tmp_path, monkeypatch, name):
     """A plain Llama folder (no projector, no tower path): both come from the release's hub repos, offline."""
     import huggingface_hub.constants
-    from extensions.multimodal.pipelines.llava_original.specs import get_spec
+    from extensions.multimodal.pipelines.llava.specs import get_spec
 
     spec = get_spec(name)
     _, clip_dir = llava_original_dirs

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from extensions.multimodal import image_codec
-from extensions.multimodal.image_codec import (IMAGE_TAG_RE, cap_size, decode_image_bytes, ordinal, store_bytes,
+from extensions.multimodal.core import image_codec
+from extensions.multimodal.core.image_codec import (IMAGE_TAG_RE, cap_size, decode_image_bytes, ordinal, store_bytes,
                                                store_image, tag_b64_to_image)
 from tests.multimodal_fake_pipeline import encoded, noise_image, solid_image, tag
 

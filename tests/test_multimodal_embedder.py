@@ -12,10 +12,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extensions.multimodal.embedding_cache import BoundedLRU
-from extensions.multimodal.image_codec import IMAGE_TAG_RE, tag_b64_to_image
-from extensions.multimodal.multimodal_embedder import EmbeddingCountError
-from extensions.multimodal.prompt_parts import split_prompt
+from extensions.multimodal.core.embedding_cache import BoundedLRU
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, tag_b64_to_image
+from extensions.multimodal.core.multimodal_embedder import EmbeddingCountError
+from extensions.multimodal.core.prompt_parts import split_prompt
 from modules import shared
 from modules.text_generation import encode
 from tests.multimodal_fake_pipeline import make_embedder as make, encoded, noise_image, solid_image, tag, tag_of_bytes
@@ -70,10 +70,10 @@ def test_split_without_markers():
     assert texts(split_prompt(f"a{IMG[0]}b", None, None)) == ["a", ("IMG", 0), "b"]
 
 
-def test_embedder_split_uses_the_pipeline_markers_and_decodes_nothing(llama):
+def test_embedder_split_uses_the_pipeline_markers_and_keeps_the_image_as_sent(llama):
     parts = make("fake-img-markers").prompts.split(f"text1{IMG[0]}text2")
     assert texts(parts) == ["text1<Img>", ("IMG", 0), "</Img>text2"]
-    assert parts[1].image is None
+    assert parts[1].b64 in IMG[0]
 
 
 # -- Ids, lengths and truncation -------------------------------------------------------------------

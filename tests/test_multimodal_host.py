@@ -61,8 +61,8 @@ def test_chat_turns_with_images_stream_and_equal_model_generate(host, llama_dir,
         assert script.IMAGE_TAG_RE.search(prompt)
         history = outputs[-1]
     # each new image embedded once: the oracle's second look hits the cache, the older image is a placeholder
-    assert script.multimodal_embedder.pipeline.batches == [1, 1]
-    assert "extensions.multimodal.ui" not in sys.modules, "setup() loaded the pipeline without building a UI"
+    assert script.served_model.current_embedder().pipeline.batches == [1, 1]
+    assert "extensions.multimodal.core.ui" not in sys.modules, "setup() loaded the pipeline without building a UI"
 
 
 def copy_of(history: dict) -> dict:
@@ -74,7 +74,7 @@ def test_second_turn_sends_the_old_image_as_placeholders(host, llama_dir):
     state = host.greedy_state()
     prompt = f"USER: {tag(noise_image(1))}\nOne?\nASSISTANT: A.\nUSER: {tag(noise_image(2))}\nTwo?\nASSISTANT:"
     _, ids, embeds = script.tokenizer_modifier(state, prompt, None, None)
-    pipeline = script.multimodal_embedder.pipeline
+    pipeline = script.served_model.current_embedder().pipeline
     placeholder_id = pipeline.placeholder_token_id()
     first = (ids[0] == placeholder_id).nonzero()[0, 0]
     assert torch.equal(embeds[0, first:first + 4], pipeline.placeholder_embeddings())
@@ -103,7 +103,7 @@ def test_auto_pick_from_the_model_name(host, llama_dir, tmp_path):
     link.symlink_to(llama_dir, target_is_directory=True)
     script = load_multimodal(host, link, pipeline=None)
     assert "multimodal" in extensions.state
-    assert script.multimodal_embedder.pipeline.name() == "fake-linear"
+    assert script.served_model.current_embedder().pipeline.name() == "fake-linear"
 
 
 def test_no_pipeline_for_the_model_is_a_clear_error_not_attribute_error(host, llama_dir, caplog):
@@ -122,7 +122,7 @@ def test_settings_override_params(host, llama_dir):
     script = load_multimodal(host, llama_dir, add_all_images_to_prompt=True, embedding_cache_mb=0)
     assert script.params["add_all_images_to_prompt"] is True and script.params["embedding_cache_mb"] == 0
     script.tokenizer_modifier(host.greedy_state(), f"{tag(noise_image(1))}{tag(noise_image(2))}", None, None)
-    assert script.multimodal_embedder.pipeline.batches == [2]
+    assert script.served_model.current_embedder().pipeline.batches == [2]
 
 
 def test_pictures_are_kept_exactly_unless_the_jpeg_history_format_caps_them(host, llama_dir):
@@ -131,7 +131,7 @@ def test_pictures_are_kept_exactly_unless_the_jpeg_history_format_caps_them(host
     assert base64.b64decode(script.IMAGE_TAG_RE.fullmatch(script.image_to_history_tag(sent)).group("data")) == sent
     script.params["history_image_format"] = "jpeg"
     state = {}
-    text = script.history_tags([sent], state)[0]
+    text = script.history_images.history_tags([sent], state, script.params)[0]
     image = Image.open(BytesIO(base64.b64decode(script.IMAGE_TAG_RE.fullmatch(text).group("data"))))
     assert image.format == "JPEG" and image.size == (64, 32)  # the fake pipeline's preferred size
     assert "1 picture(s) stored as JPEG" in state["notices"][0]

@@ -4,9 +4,7 @@ the decoder and the splitter yields only the project's own errors."""
 from __future__ import annotations
 
 import base64
-import struct
 import time
-import zlib
 
 import pytest
 import torch
@@ -14,12 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from extensions.multimodal.image_codec import (ImageDecodeError, b64_to_bytes, decode_image_bytes, image_for_counting,
+from extensions.multimodal.core.image_codec import (ImageDecodeError, b64_to_bytes, decode_image_bytes, image_for_counting,
                                                image_label, tag_b64_to_image)
-from extensions.multimodal.multimodal_embedder import MultimodalEmbedder, PromptTooLongError, TooManyImagesError
-from extensions.multimodal.prompt_parts import split_prompt
+from extensions.multimodal.core.multimodal_embedder import MultimodalEmbedder, PromptTooLongError, TooManyImagesError
+from extensions.multimodal.core.prompt_parts import split_prompt
 from modules import shared
 from modules.text_generation import generate_reply
+from tests.bad_pictures import png_header_only
 from tests.conftest import ROOT
 from tests.multimodal_fake_pipeline import encoded, make_embedder, noise_image, solid_image, tag, tag_of_bytes
 
@@ -37,16 +36,6 @@ def state(**overrides) -> dict:
 def forward(prompt: str, embedder: MultimodalEmbedder | None = None, **state_overrides):
     embedder = embedder or make()
     return embedder.forward(prompt, state(**state_overrides))
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG that claims `width x height` 8-bit grey pixels but carries almost no data."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) +
-            chunk(b"IEND", b""))
 
 
 def animated_gif() -> bytes:

@@ -7,9 +7,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-from extensions.multimodal import pipeline_loader
-from extensions.multimodal.pipeline_loader import BUILTIN_PIPELINES_DIR, load_pipeline, pipeline_roots
+from extensions.multimodal.core import pipeline_loader
+from extensions.multimodal.core.pipeline_loader import BUILTIN_PIPELINES_DIR, load_pipeline, pipeline_roots
 from modules import shared
 
 PIPELINE_CLASS = """
@@ -127,3 +128,41 @@ def test_roots_are_the_builtin_folder_then_the_param():
     assert pipeline_roots({}) == [BUILTIN_PIPELINES_DIR]
     assert pipeline_roots({"pipeline_dirs": ["/x/y"]}) == [BUILTIN_PIPELINES_DIR, Path("/x/y")]
     assert pipeline_loader.PACKAGE == "extensions.multimodal.pipelines"
+
+
+def test_a_pipeline_written_for_the_original_extension_builds_on_the_default_params(llama, tmp_path):
+    """The original LLaVA pipelines read their settings with the base class's helpers in `__init__`;
+    this extension's defaults are None there, which mean the language model's device and dtype."""
+    from extensions.multimodal.core.defaults import DEFAULT_PARAMS
+
+    write_module(tmp_path, "cloned-llava", """
+        import torch
+        from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
+
+        class Cloned(AbstractMultimodalPipeline):
+            def __init__(self, params):
+                self.clip_device = self._get_device("vision_device", params)
+                self.clip_dtype = self._get_dtype("vision_bits", params)
+                self.projector_dtype = self._get_dtype("projector_bits", params, self.clip_device)
+            name = staticmethod(lambda: "cloned-7b")
+            image_start = staticmethod(lambda: "<Img>")
+            image_end = staticmethod(lambda: "</Img>")
+            placeholder_token_id = staticmethod(lambda: 0)
+            num_image_embeds = staticmethod(lambda: 4)
+            embed_images = lambda self, images: None
+            embed_tokens = staticmethod(lambda ids: None)
+            placeholder_embeddings = staticmethod(lambda: None)
+
+        available_pipelines = ["cloned-7b"]
+
+        def get_pipeline(name, params):
+            return Cloned(params) if name == "cloned-7b" else None
+        """)
+    shared.args.multimodal_pipeline = "cloned-7b"
+    pipeline, _ = load_pipeline(dict(DEFAULT_PARAMS), roots=[tmp_path])
+    weight = shared.model.get_input_embeddings().weight
+    assert (pipeline.clip_device, pipeline.clip_dtype, pipeline.projector_dtype) == (weight.device, weight.dtype,
+                                                                                     weight.dtype)
+    assert pipeline._get_dtype("vision_bits", {"vision_bits": 16}, torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="expected 32, 16 or 'bf16'"):
+        pipeline._get_dtype("vision_bits", {"vision_bits": 8})

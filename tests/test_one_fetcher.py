@@ -35,7 +35,7 @@ def command_line(monkeypatch):
 
 
 def native_fetch(url: str) -> bytes:
-    from extensions.multimodal.native_media import fetch  # the extension's code, as it runs in text-generation-webui
+    from extensions.multimodal.tgw.native_media import fetch  # the extension's code, as it runs in text-generation-webui
     return fetch(url)
 
 
@@ -60,7 +60,7 @@ def test_the_api_setting_allows_private_addresses(image_server, command_line):
 
 
 def test_the_extension_fetches_through_the_guard(image_server, command_line):
-    from extensions.multimodal.image_codec import ImageDecodeError
+    from extensions.multimodal.core.image_codec import ImageDecodeError
 
     command_line()
     before = len(image_server.requests)

@@ -23,9 +23,10 @@ BUILDERS = {"gemma3": functools.partial(vlm_families.build_gemma3, layer_types=[
             "aya_vision": functools.partial(vlm_families.build_aya_vision, seed=1)}
 
 
-def ask(api, messages: list) -> str:
-    return api.client().chat.completions.create(model="any", messages=messages, max_tokens=NEW_TOKENS,
-                                                temperature=0).choices[0].message.content
+def ask(api, messages: list, **extra_body) -> str:
+    """The greedy reply; `extra_body`: text-generation-webui's parameters (`repetition_penalty`, ...)."""
+    return api.client().chat.completions.create(model="any", messages=messages, max_tokens=NEW_TOKENS, temperature=0,
+                                                extra_body=extra_body or None).choices[0].message.content
 
 
 def user(text: str, pictures: list[bytes]) -> dict:

@@ -22,13 +22,13 @@ import pytest
 import torch
 from PIL import Image
 
-from extensions.multimodal import processor_loading as processing
+from extensions.multimodal.core import processor_loading as processing
 from extensions.multimodal.pipelines.hf_auto.image_tokens import image_placeholder, process_images
-from extensions.multimodal.processor_loading import ProcessorLoadError, load_processor
-from tests import vlm_families
+from extensions.multimodal.core.processor_loading import ProcessorLoadError, load_processor
+from tests import hf_reference, tiny_processors, vlm_families
 
 # AutoProcessor.from_pretrained fails for these without torchvision (transformers 5.23).
-NEEDS_TORCHVISION = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm", "internvl", "llava_onevision", "mistral3"}
+NEEDS_TORCHVISION = set(hf_reference.FROM_PARTS)
 FAMILY_NAMES = list(vlm_families.FAMILIES)
 
 
@@ -40,7 +40,7 @@ def pictures() -> list[Image.Image]:
 
 def run(processor, images: list[Image.Image]) -> dict:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Hi"}]}]
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = hf_reference.chat_text(processor, messages)  # SmolVLM's own renders only with a video processor
     return dict(processor(text=text, images=images, return_tensors="pt"))
 
 
@@ -83,7 +83,7 @@ def test_pil_route_matches_hand_built(name, family_folder):
     image_config = dict(saved.pop("image_processor"))
     image_class = getattr(transformers, image_config.pop("image_processor_type") + "Pil")
     settings = {k: v for k, v in saved.items() if k != "processor_class"}
-    hand_built = processing.build_processor(
+    hand_built = tiny_processors.build(
         saved["processor_class"], image_processor=image_class(**image_config),
         tokenizer=transformers.AutoTokenizer.from_pretrained(path),
         chat_template=(path / "chat_template.jinja").read_text(), **settings)

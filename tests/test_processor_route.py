@@ -3,11 +3,11 @@
 The end-to-end proof is `tools/check_in_tgw.sh` (every family inside text-generation-webui 1dcde41d at
 its own pins, reply tokens against Hugging Face's). Here:
 - `image_text`: the text each family's chat template writes for one image, against the templates the
-  checkpoints were built with (written out below, not derived);
-- `processor_inputs`: a tagged prompt gives what Hugging Face's processor gives for that template text
-  and those pictures, and the BOS rule;
+  checkpoints were built with (written out in tests/vlm_families.py, not derived);
+- `processor_inputs`: a tagged prompt gives what Hugging Face's processor (`tests/hf_reference.py`)
+  gives for that template text and those pictures, and the BOS rule;
 - `pil_image_processor_by_name`: the image processor found by class name (transformers 5.6's route)
-  processes pixels exactly as the one `AutoImageProcessor` loads;
+  processes pixels exactly as the one transformers' own processor loads;
 - `register_image_text_classes`: `AutoModelForCausalLM` then loads the full image-text class;
 - `custom_generate_reply` exists only where the host does not build generate()'s inputs itself.
 """
@@ -17,20 +17,12 @@ import pytest
 import torch
 from PIL import Image
 
-from extensions.multimodal.image_codec import store_image
+from extensions.multimodal.core.image_codec import store_image
 from extensions.multimodal.pipelines.hf_auto.image_tokens import image_text
 from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs, with_bos_rule
-from extensions.multimodal.processor_loading import (load_processor, pil_image_processor,
-                                                     pil_image_processor_by_name)
-
-# What each builder's chat template writes for an image part (tests/vlm_families.py).
-TEMPLATE_IMAGE_TEXT = {
-    "llava": "<image>\n", "llava_next": "<image>\n", "llava_onevision": "<image>",
-    "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
-    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>", "mistral3": "[IMG]",
-    "idefics3": "<image>", "smolvlm": "<image>", "internvl": "<IMG_CONTEXT>\n", "aya_vision": "<image>",
-    "mllama": "<|image|>",
-}
+from extensions.multimodal.core.processor_loading import load_processor, pil_image_processor_by_name
+from tests import hf_reference
+from tests.vlm_families import TEMPLATE_IMAGE_TEXT
 
 
 def picture(seed: int, size=(64, 48)) -> Image.Image:
@@ -56,8 +48,9 @@ def test_a_tagged_prompt_gives_the_processors_own_inputs(family_folder, family):
     ours = processor_inputs(processor, prompt, add_bos=False, max_pixels=10**8)
     text = prompt.replace(tag(pictures[0]), TEMPLATE_IMAGE_TEXT[family]).replace(
         tag(pictures[1]), TEMPLATE_IMAGE_TEXT[family])
-    # as apply_chat_template(tokenize=True) calls it: one conversation's pictures; no template BOS
-    theirs = processor(text=[text], images=[pictures], return_tensors="pt")
+    # transformers' own processor as apply_chat_template(tokenize=True) calls it: one conversation's
+    # pictures; no template BOS
+    theirs = hf_reference.load(family_folder(family))(text=[text], images=[pictures], return_tensors="pt")
     assert sorted(ours) == sorted(theirs)
     for key in theirs:
         assert torch.equal(ours[key], theirs[key]), key
@@ -76,7 +69,7 @@ def test_bos_rule_is_text_generation_webuis():
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3", "mistral3", "internvl", "gemma3"])
 def test_the_image_processor_found_by_name_processes_pixels_as_autoimageprocessor_does(family_folder, family):
     folder = family_folder(family)
-    by_name, auto = pil_image_processor_by_name(folder), pil_image_processor(folder)
+    by_name, auto = pil_image_processor_by_name(folder), hf_reference.load(folder).image_processor
     assert type(by_name) is type(auto)
     ours, theirs = by_name(images=[picture(4)], return_tensors="pt"), auto(images=[picture(4)], return_tensors="pt")
     assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
@@ -98,8 +91,8 @@ def test_this_host_keeps_its_own_generation(host, family_folder):
     host.load(family_folder("qwen2_5_vl"), argv=["--extensions", "multimodal"])
     from extensions.multimodal import script
 
-    assert not script.processor_route() and not hasattr(script, "custom_generate_reply")
-    assert script.embedder().pipeline.name() == "transformers"
+    assert not script.serving.processor_route(script.params) and not hasattr(script, "custom_generate_reply")
+    assert script.served_model.embedder(script.params).pipeline.name() == "transformers"
 
 
 def test_without_a_chat_template_the_processors_placeholder_stands_for_an_image(family_folder):
@@ -125,14 +118,12 @@ def test_one_bos_whether_the_template_writes_it_or_the_tokenizer_adds_it(family_
 def test_two_pictures_give_what_hugging_faces_own_chat_template_path_gives(family_folder, family):
     """The oracle is `apply_chat_template(..., tokenize=True)`: LLaVA-OneVision lays out two pictures of
     one conversation differently from one picture alone (no anyres tiles), and so must the route."""
-    processor = load_processor(family_folder(family))
+    processor, reference = load_processor(family_folder(family)), hf_reference.load(family_folder(family))
     pictures = [picture(6), picture(7, (40, 72))]
     content = [{"type": "image", "image": pictures[0]}, {"type": "image", "image": pictures[1]},
                {"type": "text", "text": "Which is brighter?"}]
-    theirs = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=True,
-                                           add_generation_prompt=True, return_tensors="pt")
-    rendered = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                             add_generation_prompt=True)
+    theirs = hf_reference.chat_inputs(reference, [{"role": "user", "content": content}])
+    rendered = hf_reference.chat_text(reference, [{"role": "user", "content": content}])
     first, rest = rendered.split(TEMPLATE_IMAGE_TEXT[family], 1)
     prompt = first + tag(pictures[0]) + rest.replace(TEMPLATE_IMAGE_TEXT[family], tag(pictures[1]), 1)
     ours = processor_inputs(processor, prompt, add_bos=False, max_pixels=10**8)

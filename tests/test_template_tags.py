@@ -9,7 +9,7 @@ import pytest
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from extensions.multimodal.template_tags import GenerationTag, add_generation_tag
+from extensions.multimodal.tgw.template_tags import GenerationTag, add_generation_tag
 
 LLAVA_HF = ("{% for message in messages %}{{ message['role'].upper() + ': ' }}{% if message['role'] != 'assistant' %}"
             "{{ message['content'] + ' ' }}{% else %}{% generation %}{{ message['content'] + ' ' }}{% endgeneration %}"

@@ -1,6 +1,8 @@
 """encode/decode semantics and generate_reply against model.generate called directly."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from modules import shared, text_generation
@@ -98,3 +100,30 @@ def test_seed_makes_sampling_repeatable(llama):
     first = list(generate_reply("Hello", dict(state)))[-1]
     second = list(generate_reply("Hello", dict(state)))[-1]
     assert first == second
+
+
+class Recorded(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_requests_give_transformers_nothing_to_warn_about(host, sampler_defaults_llama_dir):
+    """Greedy with the settings' temperature 0.7 and top_p 0.9, and sampling, on a checkpoint with its own
+    sampler defaults: the host passes each sampler only where it runs, so transformers does not warn that
+    flags are ignored (it would once per process, in every server's log)."""
+    host.load(sampler_defaults_llama_dir)
+    greedy = host.greedy_state(max_new_tokens=4)
+    assert (greedy["temperature"], greedy["top_p"]) != (1.0, 1.0)
+    recorded = Recorded()
+    logging.getLogger("transformers").addHandler(recorded)
+    logging.Logger.warning_once.cache_clear()  # transformers' once-per-process: an earlier test may have said it
+    try:
+        for state in (greedy, host.greedy_state(do_sample=True, max_new_tokens=4, seed=3)):
+            assert list(generate_reply("Hello world", state))
+    finally:
+        logging.getLogger("transformers").removeHandler(recorded)
+    assert [r.getMessage() for r in recorded.records] == []

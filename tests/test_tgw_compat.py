@@ -82,7 +82,7 @@ def test_a_host_without_the_flag_takes_the_pipeline_from_the_setting(host, llama
 
     extensions.apply_settings(script, "multimodal")
     script.setup()
-    assert script.embedder().pipeline.name() == "fake-big"
+    assert script.served_model.embedder(script.params).pipeline.name() == "fake-big"
 
     script.params["pipeline"] = None
     with pytest.raises(RuntimeError) as error:
@@ -126,17 +126,17 @@ def test_a_marker_without_a_picture_is_left_out_with_a_notice(host, llama_dir):
     script = load_multimodal(host, llama_dir)
     state = media_state(raw_images=[noise_image(5, (24, 24))])
     _, ids, _ = script.tokenizer_modifier(state, "USER: <__media__><__media__>\nWhat?\nASSISTANT:", None, None)
-    assert ids.shape[1] == script.embedder().len_in_tokens(
+    assert ids.shape[1] == script.served_model.embedder(script.params).len_in_tokens(
         "USER: " + script.image_to_history_tag(noise_image(5, (24, 24))) + "\nWhat?\nASSISTANT:")
     assert any("1 <__media__> marker(s)" in notice for notice in state["notices"])
 
 
 def test_image_rows_never_carry_the_pad_id(host, llama_dir):
     """text-generation-webui generates with no attention mask: transformers masks every pad-id position."""
-    from extensions.multimodal.pad_safe_ids import image_row_id
+    from extensions.multimodal.core.pad_safe_ids import image_row_id
 
     script = load_multimodal(host, llama_dir)
-    placeholder = script.embedder().pipeline.placeholder_token_id()
+    placeholder = script.served_model.embedder(script.params).pipeline.placeholder_token_id()
     shared.model.generation_config.pad_token_id = placeholder  # LLaVA-1.5 on Vicuna: <unk> = 0 = pad
     prompt = "USER: " + tag(noise_image(7, (24, 24))) + "\nWhat is it?\nASSISTANT:"
     _, ids, embeds = script.tokenizer_modifier(media_state(), prompt, None, None)
@@ -148,7 +148,7 @@ def test_image_rows_never_carry_the_pad_id(host, llama_dir):
 
     unmasked = greedy(ids, attention_mask=torch.ones_like(ids))
     assert greedy(ids) == unmasked, "generate() without a mask sees the image rows"
-    placeholder_ids = torch.where(ids == image_row_id(script.embedder().pipeline), placeholder, ids)
+    placeholder_ids = torch.where(ids == image_row_id(script.served_model.embedder(script.params).pipeline), placeholder, ids)
     assert greedy(placeholder_ids) != unmasked, "with placeholder ids the rows would be masked (the original bug)"
 
 
@@ -163,7 +163,8 @@ def test_the_extension_loads_by_file_path_as_today_s_text_generation_webui_loads
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("user_ext_multimodal", {str(copy / 'script.py')!r})
 module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module; spec.loader.exec_module(module)
-from extensions.multimodal import image_codec, script
+from extensions.multimodal.core import image_codec
+from extensions.multimodal import script
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline  # what third-party pipelines import
 assert script is module and image_codec.__file__.startswith({str(copy)!r}), image_codec.__file__
 print("ok")
@@ -176,8 +177,8 @@ def test_a_media_url_is_never_fetched_without_a_private_address_guard(host, llam
     """`<__media__>` pictures given as http(s) URLs go through the host's guarded fetcher only
     (`modules.web_search.safe_get`); in a host without one (old text-generation-webui) the URL is
     refused. This host's fetcher itself: tests/test_one_fetcher.py."""
-    from extensions.multimodal.image_codec import ImageDecodeError
-    from extensions.multimodal.native_media import picture_data
+    from extensions.multimodal.core.image_codec import ImageDecodeError
+    from extensions.multimodal.tgw.native_media import picture_data
 
     monkeypatch.setitem(sys.modules, "modules.web_search", None)  # the import fails, as in such a host
     with pytest.raises(ImageDecodeError, match="refuses private addresses"):

@@ -144,10 +144,10 @@ def test_extension_inputs_reach_the_state(harness):
     ui_chat.create_interface()
     last(ui_chat.generate("Hello", chat.new_history(), *params(2), "a note"))
     assert harness.seen == ["a note"]
-    state = ui_chat.build_state(chat.new_history(), *params(2), None)
+    state = ui_chat.state_from_values(chat.new_history(), *params(2), None)
     assert state["harness_note"] is None and state["notices"] == []
-    with pytest.raises(ValueError, match="build_state got 3 values"):
-        ui_chat.build_state(chat.new_history(), 1, 2, 3)
+    with pytest.raises(ValueError, match="handler got 3 values"):
+        ui_chat.state_from_values(chat.new_history(), 1, 2, 3)
 
 
 def test_empty_input_adds_no_turn(harness):
@@ -263,7 +263,7 @@ def test_an_option_alone_is_no_message(option_harness):
     outputs = last(ui_chat.generate("  ", chat.new_history(), *params(2), None, "b"))
     assert outputs[-1][1] == chat.new_history() and option_harness.seen == []
     with pytest.raises(ValueError, match="then 0 or 1 extension options"):
-        ui_chat.build_state(chat.new_history(), *params(2), None, "b", "extra")
+        ui_chat.state_from_values(chat.new_history(), *params(2), None, "b", "extra")
 
 
 def test_the_context_meter_counts_the_next_prompt_as_the_tokenizer_does(llama):

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from modules import chat, shared, ui_chat
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 from tests.multimodal_fake_pipeline import tag_payloads
 
 
@@ -72,7 +72,7 @@ def test_embed_all_checkbox_is_bound_to_the_param(llava):
 
 
 def test_preview_shows_pending_images_in_order():
-    from extensions.multimodal.ui import preview
+    from extensions.multimodal.core.ui import preview
 
     assert preview(None) == gr.update(value=[], visible=False)
     assert preview(["a.png", "b.png"]) == gr.update(value=["a.png", "b.png"], visible=True)
@@ -179,13 +179,13 @@ def test_the_budget_choice_is_kept_between_messages_and_is_no_content(llava):
     for send in config["dependencies"]:
         if interface.fns[send["id"]].fn is ui_chat.take_inputs:  # never read as message content, never cleared
             assert budget._id not in send["inputs"] and budget._id not in send["outputs"]
-    state = ui_chat.build_state(chat.new_history(), *params(), None, "low")
+    state = ui_chat.state_from_values(chat.new_history(), *params(), None, "low")
     assert state["image_budget"] == "low" and state["message_images"] is None
     assert list(ui_chat.generate("", chat.new_history(), *params(), None, "low"))[-1][1] == chat.new_history()
 
 
 def test_a_pixel_count_setting_is_a_fourth_choice_the_radio_starts_at():
-    from extensions.multimodal.ui import budget_choices
+    from extensions.multimodal.core.ui import budget_choices
 
     assert budget_choices("low") == [("default", "default"), ("low", "low"), ("high", "high")]
     assert budget_choices(300000)[-1] == ("300000 pixels (the setting)", "300000")

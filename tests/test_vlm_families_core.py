@@ -1,11 +1,14 @@
 """The family core against Hugging Face's own `generate(**processor(...))`, per family.
 
 Each family's tiny checkpoint (tests/vlm_families.py) is loaded as a user's folder would be
-(`AutoModelForImageTextToText.from_pretrained`, `load_processor`). Both sides take the prompt ids
-Hugging Face's processor writes for the chat template's text (`processor(text=..., images=...)`).
-Our side adds what the extension's core computes: each image's layout (`image_tokens.process_images`),
-its feature rows (`image_features.features_of`) and the family's route (`routes`, `cross_attention`).
-The reference is `model.generate(**processor(...))`. Greedy, float32, CPU.
+(`AutoModelForImageTextToText.from_pretrained`; the core's `load_processor` for our side, and
+transformers' own processor, `tests/hf_reference.py`, for the reference side). Both sides take the
+prompt ids Hugging Face's processor writes for the chat template's text (`processor(text=...,
+images=...)`, or `apply_chat_template(tokenize=True)` in `test_one_image_against_apply_chat_template`).
+Our side adds what the extension's core computes with its own processor: each image's layout
+(`image_tokens.process_images`), its feature rows (`image_features.features_of`) and the family's
+route (`routes`, `cross_attention`). The reference is `model.generate(**processor(...))`. Greedy,
+float32, CPU.
 
 Each image's layout is checked on its own against the ids the processor wrote at that image's place
 (`check_layouts`). Encoding the text around the images is the host's part (`prompt_encoding`),
@@ -27,15 +30,15 @@ import pytest
 import torch
 from PIL import Image
 
-from extensions.multimodal.image_codec import make_tag
+from extensions.multimodal.core.image_codec import make_tag
 from extensions.multimodal.pipelines.hf_auto import cross_attention, routes
 from extensions.multimodal.pipelines.hf_auto.image_features import features_of
 from extensions.multimodal.pipelines.hf_auto.image_tokens import (ProcessedImages, image_placeholder, image_token_id,
                                                                   process_images)
-from extensions.multimodal.processor_loading import load_processor
-from extensions.multimodal.prompt_parts import split_prompt
+from extensions.multimodal.core.processor_loading import load_processor
+from extensions.multimodal.core.prompt_parts import split_prompt
 from modules import model_inputs, shared
-from tests import vlm_families
+from tests import hf_reference, vlm_families
 
 NEW_TOKENS = 8
 MIN_GAP = 1e-3  # top-two logit gap below which a greedy step could flip on harmless float noise
@@ -49,7 +52,8 @@ PLACES = {"return_text_replacement_offsets": True, "return_offsets_mapping": Tru
 class Family:
     name: str
     model: object
-    processor: object
+    processor: object  # the core's (`load_processor`): our side
+    reference: object  # transformers' own (`tests/hf_reference.py`): Hugging Face's side
     route: str
 
 
@@ -59,7 +63,8 @@ def family(name: str, family_folder: Callable[[str], Path]) -> Family:
 
     path = family_folder(name)  # the session's shared folder (tests/conftest.py)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    return Family(name, model, load_processor(path, use_torchvision=False), routes.route_for(model))
+    return Family(name, model, load_processor(path, use_torchvision=False), hf_reference.load(path),
+                  routes.route_for(model))
 
 
 def picture(width: int, height: int, seed: int) -> Image.Image:
@@ -81,23 +86,23 @@ HfInputs = Callable[..., dict]
 
 
 def chat_text(fam: Family, messages: list[dict]) -> str:
-    return fam.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return hf_reference.chat_text(fam.reference, messages)
 
 
 def processor_inputs(fam: Family, messages: list[dict]) -> HfInputs:
     """`processor(text=chat template text, images=...)`."""
     text = chat_text(fam, messages)
-    return lambda images, **kwargs: fam.processor(text=text, images=images or None, **kwargs)
+    return lambda images, **kwargs: fam.reference(text=text, images=images or None, **kwargs)
 
 
 def template_inputs(fam: Family, messages: list[dict]) -> HfInputs:
-    """`apply_chat_template(tokenize=True)`, the turn's pictures in the messages' image entries, in order."""
+    """`apply_chat_template(tokenize=True)` (`hf_reference.chat_inputs`), the turn's pictures in the messages'
+    image entries, in order."""
     def inputs(images, **kwargs):
         pictures = iter(images)
         filled = [{**m, "content": [{**c, "image": next(pictures)} if c["type"] == "image" else c
                                     for c in m["content"]]} for m in messages]
-        return fam.processor.apply_chat_template(filled, tokenize=True, return_dict=True, add_generation_prompt=True,
-                                                 processor_kwargs=kwargs)
+        return hf_reference.chat_inputs(fam.reference, filled, **kwargs)
     return inputs
 
 
@@ -116,7 +121,7 @@ def places(fam: Family, inputs, processed: ProcessedImages) -> list[torch.Tensor
     ids, offsets = torch.as_tensor(inputs["input_ids"][0]), torch.as_tensor(inputs["offset_mapping"][0])
     replacements = inputs.get("text_replacement_offsets")
     if replacements is None:  # the processor keeps its placeholder (Mllama): one token per image
-        return [ids[i:i + 1] for i in (ids == image_token_id(fam.model)).nonzero()[:, 0]]
+        return [ids[i:i + 1] for i in (ids == fam.model.config.image_token_id).nonzero()[:, 0]]
     entries = [entry for entry in replacements[0] if entry["type"] == "image"]
     assert len(entries) == len(processed.tokens), f"{len(entries)} images in the prompt, {len(processed.tokens)} laid out"
     found = []
@@ -305,7 +310,7 @@ def three_turns(conversation: Conversation) -> None:
     for message, images, other_images in turns:
         messages.append(message)
         new = check_turn(fam, conversation, processor_inputs(fam, messages), images, other_images)
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": fam.processor.decode(
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": fam.reference.decode(
             new, skip_special_tokens=True)}]})
     if conversation.use_cache:
         assert all(n > 0 for n in conversation.reused), f"{fam.name}: the cache was not reused ({conversation.reused})"
@@ -343,7 +348,7 @@ def test_gemma3_text_around_the_image_goes_with_its_neighbours(family_folder):
     fam = family("gemma3", family_folder)
     image = picture(64, 48, seed=1)
     text = chat_text(fam, [user(image, "What is in the picture?")])
-    reference_ids = fam.processor(text=text, images=[image], return_tensors="pt")["input_ids"][0]
+    reference_ids = fam.reference(text=text, images=[image], return_tensors="pt")["input_ids"][0]
     tokens = process_images(fam.processor, [image]).tokens[0]
     assert tokens.before == tokens.after == "\n\n"
 

@@ -4,12 +4,12 @@ Each family's tiny checkpoint (tests/vlm_families.py) is loaded as `python serve
 would load it (`host_helpers.load`: the host's model loader, the multimodal extension picking the
 `transformers` pipeline by itself). A chat turn goes through the host's own chat function with the
 pictures sent as PNG bytes (`state['message_images']`, what the UI's upload and the API hand over),
-or through `/v1/chat/completions`. The reference is `model.generate(**processor(text, [images]))` on
-the same conversation rendered with the processor's own chat template, called as Hugging Face's
-`apply_chat_template(tokenize=True)` calls it (the conversation's pictures as one list; no second BOS
-when the template writes one), with the image token suppressed as the host's placeholder ban does (a
-random tiny model may well pick it). So LLaVA-OneVision's pictures are laid out as one of several
-once the conversation holds two (base tile and newline, no anyres tiles), as Hugging Face does.
+or through `/v1/chat/completions`. The reference is `model.generate(**inputs)` with the inputs of
+the checkpoint's own processor for the same conversation, the pictures in its image parts
+(`tests/hf_reference.py`: `apply_chat_template(tokenize=True)`, transformers' public API only), with
+the image token (`config.image_token_id`) suppressed as the host's placeholder ban does (a random tiny
+model may well pick it). So LLaVA-OneVision's pictures are laid out as one of several once the
+conversation holds two (base tile and newline, no anyres tiles), as Hugging Face does.
 Scenarios: one picture; two pictures of different sizes in one message; three turns with a new
 picture on turn 3, prefix cache on and off; the same three turns through the API. Each turn first
 shows that the picture matters (another picture changes the reference reply).
@@ -22,10 +22,8 @@ import pytest
 import torch
 from PIL import Image
 
-from extensions.multimodal import loaded_model
-from extensions.multimodal.pipelines.hf_auto.image_tokens import image_token_id
 from modules import chat, shared
-from tests import api_helpers, host_helpers, vlm_families
+from tests import api_helpers, hf_reference, host_helpers, vlm_families
 
 FAMILIES = list(vlm_families.FAMILIES)
 NEW_TOKENS = 8
@@ -50,22 +48,18 @@ def hf_generate(history: list[tuple[str, list[bytes], str | None]], model=None,
     """Hugging Face's prompt ids `(n,)` and greedy reply for `history` (see `hf_reply`); `images_kwargs`:
     the image processor's per-call settings."""
     model = model if model is not None else shared.model
-    processor = loaded_model.processor()
-    messages, images = [], []
+    processor = hf_reference.load(shared.model.config._name_or_path)  # the served folder
+    messages = []
     for text, pictures, reply in history:
-        messages.append({"role": "user", "content": [{"type": "image"}] * len(pictures) + [{"type": "text", "text": text}]})
-        images += [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+        images = [{"type": "image", "image": Image.open(io.BytesIO(p)).convert("RGB")} for p in pictures]
+        messages.append({"role": "user", "content": images + [{"type": "text", "text": text}]})
         if reply is not None:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
-    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    bos = processor.tokenizer.bos_token
-    # One conversation's pictures as one list, as apply_chat_template(tokenize=True) passes them.
-    inputs = processor(text=prompt, images=[images] if images else None, return_tensors="pt",
-                       add_special_tokens=not (bos is not None and prompt.startswith(bos)),
-                       **(images_kwargs or {}) if images else {})
+    has_pictures = any(pictures for _, pictures, _ in history)
+    inputs = hf_reference.chat_inputs(processor, messages, **(images_kwargs or {}) if has_pictures else {})
     with torch.inference_mode():
         output = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                suppress_tokens=[image_token_id(model)])
+                                suppress_tokens=[model.config.image_token_id])
     reply = processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     return inputs["input_ids"][0], reply.lstrip(" ")
 
@@ -93,7 +87,7 @@ def loaded(host, family_folder, request):
     host.load(family_folder(request.param), ["multimodal"])
     from extensions.multimodal import script
 
-    assert script.embedder().pipeline.name() in ("transformers", "llava-hf")
+    assert script.served_model.embedder(script.params).pipeline.name() in ("transformers", "llava-hf")
     return request.param
 
 
@@ -192,10 +186,10 @@ def test_a_picture_that_truncation_leaves_alone_is_laid_out_alone(loaded):
     again as a lone picture, as Hugging Face would for that prompt. A lone LLaVA-OneVision picture
     takes more tokens than two as several here, so it no longer fits either and goes too."""
     from extensions.multimodal import script
-    from extensions.multimodal.image_codec import store_bytes
-    from extensions.multimodal.pad_safe_ids import image_row_id
+    from extensions.multimodal.core.image_codec import store_bytes
+    from extensions.multimodal.core.pad_safe_ids import image_row_id
 
-    embedder, first, second = script.embedder(), png(64, 48, 12), png(48, 64, 13)
+    embedder, first, second = script.served_model.embedder(script.params), png(64, 48, 12), png(48, 64, 13)
     tags = [store_bytes(picture).tag for picture in (first, second)]
     prompt = f"Look: {tags[0]} and {tags[1]} Which one?"
     both, second_alone = embedder.len_in_tokens(prompt), embedder.len_in_tokens(f" and {tags[1]} Which one?")

@@ -8,15 +8,18 @@ the same code users run (`modules.models.load_model`). Nothing is downloaded.
 - `build_llava_next(path)`: a `LlavaNextForConditionalGeneration` (token count depends on the image size).
 - `build_llava_original(path, clip_path)`: an original LLaVA layout: `llava_llama` config with
   `model.mm_projector.*` tensors in the LM folder, plus a separate tiny CLIP vision folder.
+- `with_sampler_defaults(source, path)`: a copy of a model folder whose generation_config.json holds
+  a checkpoint's own sampler defaults (`CHECKPOINT_SAMPLERS`), which the host must never apply.
 """
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
-from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, LlamaConfig, LlamaForCausalLM,
-                          LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
+from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, GenerationConfig, LlamaConfig,
+                          LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
                           LlavaNextForConditionalGeneration, LlavaNextProcessor, LlavaProcessor,
                           PreTrainedTokenizerFast)
 from safetensors.torch import load_file, save_file
@@ -64,6 +67,21 @@ def build_llama(path: Path, seed: int = 0) -> Path:
     model = LlamaForCausalLM(text_config(tokenizer)).eval()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return Path(path)
+
+
+# Qwen2's Instruct checkpoints ship do_sample, temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty
+# 1.05 in their generation_config.json; min_p and typical_p stand for the samplers the host has no setting for.
+CHECKPOINT_SAMPLERS = dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+                           min_p=0.5, typical_p=0.3)
+
+
+def with_sampler_defaults(source: Path, path: Path) -> Path:
+    """A copy of the model folder `source` (same weights) with `CHECKPOINT_SAMPLERS` in its generation config."""
+    shutil.copytree(source, path)
+    config = GenerationConfig.from_pretrained(source)
+    config.update(**CHECKPOINT_SAMPLERS)
+    config.save_pretrained(path)
     return Path(path)
 
 

@@ -1,16 +1,17 @@
 """Tiny random image-text checkpoints, one per vision-language family, for differential tests.
 
-Each `build_<family>(path) -> path` writes a folder that `AutoModelForImageTextToText.from_pretrained`
-and the core's `load_processor` load as a user's download would be: config and safetensors weights
-(`save_pretrained`), a BPE tokenizer trained here (`tests/tiny_tokenizer.py`) that carries the
-family's special tokens, the family's processor class with its PIL image processor, and a chat
+Each `build_<family>(path) -> path` writes a folder that `AutoModelForImageTextToText.from_pretrained`,
+the core's `load_processor` and the tests' reference (`tests/hf_reference.py`) load as a user's download
+would be: config and safetensors weights (`save_pretrained`), a BPE tokenizer trained here
+(`tests/tiny_tokenizer.py`) that carries the family's special tokens, the family's processor class
+with its PIL image processor (built by `tests/tiny_processors.py`, images only), and a chat
 template that writes the family's image placeholder where the real one does. Nothing is downloaded; building one takes
 well under a second.
 
-What makes them worth testing (see shared/notes/vlm-families.md): the LM head is untied from the
-token embedding, weights are drawn LeCun-normal (std 1/sqrt(fan_in)) rather than std 0.02, and the
-tokenizer is ASCII-only. Sizes: text hidden 64, 2 layers; vision hidden 32, 1-2 layers; images of a
-few dozen pixels give 4-40 tokens each.
+What makes them worth testing (see ../shared/notes/vlm-families.md, beside this repository): the LM
+head is untied from the token embedding, weights are drawn LeCun-normal (std 1/sqrt(fan_in)) rather
+than std 0.02, and the tokenizer is ASCII-only. Sizes: text hidden 64, 2 layers; vision hidden 32,
+1-2 layers; images of a few dozen pixels give 4-40 tokens each.
 
 Chat templates: each family's template exactly as on the hub (`tests/hub_templates/`, whose README
 says where each comes from), so the code meets what users' folders hold: five of them (llava-hf,
@@ -32,8 +33,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
-from extensions.multimodal.processor_loading import build_processor
-from tests import tiny_models, tiny_tokenizer
+from tests import tiny_models, tiny_processors, tiny_tokenizer
 
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=2048)
@@ -128,6 +128,17 @@ AYA_TEMPLATE = (
     "<|END_OF_TURN_TOKEN|>{% endfor %}{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}")
 
 
+# What each family's chat template above writes for one image part, written out (not derived), for
+# the tests that check the text the extension puts where a picture goes.
+TEMPLATE_IMAGE_TEXT = {
+    "llava": "<image>\n", "llava_next": "<image>\n", "llava_onevision": "<image>",
+    "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>", "mistral3": "[IMG]",
+    "idefics3": "<image>", "smolvlm": "<image>", "internvl": "<IMG_CONTEXT>\n", "aya_vision": "<image>",
+    "mllama": "<|image|>",
+}
+
+
 # -- Families --------------------------------------------------------------------------------------
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -170,8 +181,8 @@ def build_qwen(path: Path, seed: int, family: str, vision: dict, text: dict | No
         text_config=text_config(tokenizer, rope_parameters=rope_parameters, **(text or {})),
         vision_config=dict(depth=2, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2, **vision),
         **qwen_vision_ids(tokenizer))
-    processor = build_processor(f"{family}Processor", image_processor=qwen_image_processor(), tokenizer=tokenizer,
-                                chat_template=template)
+    processor = tiny_processors.build(f"{family}Processor", image_processor=qwen_image_processor(),
+                                      tokenizer=tokenizer, chat_template=template)
     return save(path, getattr(transformers, f"{family}ForConditionalGeneration"), config, processor, seed)
 
 
@@ -212,8 +223,9 @@ def build_gemma3(path: Path, seed: int = 0, sliding_window: int = 64, layer_type
                           boi_token_index=token_id(tokenizer, "<start_of_image>"),
                           eoi_token_index=token_id(tokenizer, "<end_of_image>"),
                           image_token_index=token_id(tokenizer, "<image_soft_token>"))
-    processor = build_processor("Gemma3Processor", image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}),
-                                tokenizer=tokenizer, chat_template=hub_template("gemma3"), image_seq_length=16)
+    image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    processor = tiny_processors.build("Gemma3Processor", image_processor=image_processor, tokenizer=tokenizer,
+                                      chat_template=hub_template("gemma3"), image_seq_length=16)
     # Gemma scales token embeddings by sqrt(hidden) (8 here), image rows not.
     return save(path, Gemma3ForConditionalGeneration, config, processor, seed, embedding_std=EMBEDDING_STD / 8)
 
@@ -231,8 +243,8 @@ def build_mistral3(path: Path, seed: int = 0, tokenizer_style: str = "byte_level
         text_config=text_config(tokenizer, model_type="mistral", head_dim=16, sliding_window=None),
         image_token_index=token_id(tokenizer, "[IMG]"), spatial_merge_size=2, vision_feature_layer=-1)
     image_processor = PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size={"height": 8, "width": 8})
-    processor = build_processor("PixtralProcessor", image_processor=image_processor, tokenizer=tokenizer,
-                                patch_size=8, spatial_merge_size=2, chat_template=hub_template("mistral3"))
+    processor = tiny_processors.build("PixtralProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                      patch_size=8, spatial_merge_size=2, chat_template=hub_template("mistral3"))
     return save(path, Mistral3ForConditionalGeneration, config, processor, seed)
 
 
@@ -258,8 +270,9 @@ def build_idefics3_layout(path: Path, seed: int, family: str, tokenizer) -> Path
                            image_size=32, patch_size=8),
         text_config=text_config(tokenizer, model_type="llama"), image_token_id=token_id(tokenizer, "<image>"),
         scale_factor=2)
-    processor = build_processor(f"{family}Processor", image_processor=idefics3_image_processor(f"{family}ImageProcessorPil"),
-                                tokenizer=tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+    image_processor = idefics3_image_processor(f"{family}ImageProcessorPil")
+    processor = tiny_processors.build(f"{family}Processor", image_processor=image_processor, tokenizer=tokenizer,
+                                      image_seq_len=4, chat_template=tokenizer.chat_template)
     return save(path, getattr(transformers, f"{family}ForConditionalGeneration"), config, processor, seed)
 
 
@@ -294,8 +307,8 @@ def build_internvl(path: Path, seed: int = 0) -> Path:
         image_seq_length=4, downsample_ratio=0.5)
     image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
                                                min_patches=1, max_patches=4)
-    processor = build_processor("InternVLProcessor", image_processor=image_processor, tokenizer=tokenizer,
-                                image_seq_length=4, chat_template=hub_template("internvl"))
+    processor = tiny_processors.build("InternVLProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                      image_seq_length=4, chat_template=hub_template("internvl"))
     return save(path, InternVLForConditionalGeneration, config, processor, seed)
 
 
@@ -315,9 +328,9 @@ def build_llava_onevision(path: Path, seed: int = 0) -> Path:
         image_grid_pinpoints=PINPOINTS, vision_feature_select_strategy="full", vision_feature_layer=-1,
         vision_aspect_ratio="anyres_max_9")
     image_processor = LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS)
-    processor = build_processor("LlavaOnevisionProcessor", image_processor=image_processor, tokenizer=tokenizer,
-                                num_image_tokens=16, vision_feature_select_strategy="full",
-                                chat_template=hub_template("llava_onevision"), vision_aspect_ratio="anyres_max_9")
+    processor = tiny_processors.build("LlavaOnevisionProcessor", image_processor=image_processor,
+                                      tokenizer=tokenizer, num_image_tokens=16, vision_feature_select_strategy="full",
+                                      chat_template=hub_template("llava_onevision"), vision_aspect_ratio="anyres_max_9")
     return save(path, LlavaOnevisionForConditionalGeneration, config, processor, seed)
 
 
@@ -339,8 +352,8 @@ def build_aya_vision(path: Path, seed: int = 0, sliding_window: int = 64) -> Pat
         vision_feature_select_strategy="full", vision_feature_layer=-1)
     image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
                                                min_patches=1, max_patches=4)
-    processor = build_processor("AyaVisionProcessor", image_processor=image_processor, tokenizer=tokenizer,
-                                patch_size=8, img_size=32, downsample_factor=2, chat_template=AYA_TEMPLATE)
+    processor = tiny_processors.build("AyaVisionProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                      patch_size=8, img_size=32, downsample_factor=2, chat_template=AYA_TEMPLATE)
     return save(path, AyaVisionForConditionalGeneration, config, processor, seed)
 
 
@@ -361,8 +374,8 @@ def build_mllama(path: Path, seed: int = 0) -> Path:
         text_config=text_config(tokenizer, num_hidden_layers=3, cross_attention_layers=[1]),
         image_token_index=token_id(tokenizer, "<|image|>"))
     image_processor = MllamaImageProcessorPil(size={"height": 32, "width": 32}, max_image_tiles=4)
-    processor = build_processor("MllamaProcessor", image_processor=image_processor, tokenizer=tokenizer,
-                                chat_template=hub_template("mllama"))
+    processor = tiny_processors.build("MllamaProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                      chat_template=hub_template("mllama"))
     return save(path, MllamaForConditionalGeneration, config, processor, seed)
 
 

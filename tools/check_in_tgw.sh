@@ -40,6 +40,16 @@ run() {  # run NAME PYTHON SCRIPT ARGS...: one harness run, its verdict on one l
   return $rc
 }
 
+check() {  # check NAME LOG COMMAND...: one tool's verdict on one line (its last line when it passes)
+  local name=$1 log=$2; shift 2
+  if "$@" >"$log" 2>&1; then
+    echo "PASS $name: $(tail -1 "$log" | cut -c1-160)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: $(grep -E '^FAIL|Error|exited' "$log" | head -1 | cut -c1-200) [log: $log]"
+  fi
+}
+
 family() {  # family NAME FAMILY ARGS...: one harness run of an image-text family, then its reference check
   local name=$1 fam=$2; shift 2
   run "$name" /tmp/tgw_venv_head/bin/python "$W/run_in_tgw.py" --tgw-tarball "$W/tgw-1dcde41d.tar.gz" \
@@ -82,13 +92,8 @@ families() {  # every family served through its processor, on today's version at
   fi
   # ...and, through the extension's launch.py, any family: the real server over HTTP, then a model change
   local first second; read -r first second _ <<<"${FAMILIES:-qwen2_5_vl smolvlm}"
-  if /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_server_check.py" "$W" "$W/families" "$first" "${second:-$first}" \
-      >"$W/server-check-verdict.log" 2>&1; then
-    echo "PASS head-server-launch: --model $first at start-up through launch.py, then ${second:-$first} loaded through the API"
-  else
-    failed=$((failed + 1))
-    echo "FAIL head-server-launch: $(grep -E '^FAIL|Error|exited' "$W/server-check-verdict.log" | head -1 | cut -c1-200) [log: $W/server-check-verdict.log]"
-  fi
+  check head-server-launch "$W/server-check-verdict.log" /tmp/tgw_venv_head/bin/python \
+    "$ROOT/tools/tgw_server_check.py" "$W" "$W/families" "$first" "${second:-$first}"
 }
 
 caches() {  # the extension's caches in the real server: pictures on later turns, a regenerate, a new chat,
@@ -98,24 +103,14 @@ caches() {  # the extension's caches in the real server: pictures on later turns
     [[ " ${FAMILIES:-$fam} " == *" $fam "* ]] && fams+=("$fam")
   done
   [ ${#fams[@]} -gt 0 ] || return 0
-  if /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_cache_check.py" "$W" "$W/families" "${fams[@]}" \
-      >"$W/cache-check-verdict.log" 2>&1; then
-    echo "PASS head-caches: ${fams[*]}: $(tail -1 "$W/cache-check-verdict.log" | cut -c1-120)"
-  else
-    failed=$((failed + 1))
-    echo "FAIL head-caches: $(grep -E '^FAIL|Error' "$W/cache-check-verdict.log" | head -1 | cut -c1-200) [log: $W/cache-check-verdict.log]"
-  fi
+  check "head-caches (${fams[*]})" "$W/cache-check-verdict.log" /tmp/tgw_venv_head/bin/python \
+    "$ROOT/tools/tgw_cache_check.py" "$W" "$W/families" "${fams[@]}"
 }
 
 refusals() {  # the bad-picture corpus (tests/bad_pictures.py) through text-generation-webui's real server
-  local fam=${FAMILIES:-qwen2_5_vl}; fam=${fam%% *}
-  if /tmp/tgw_venv_head/bin/python "$ROOT/tools/tgw_bad_pictures.py" "$W" "$W/families" "$fam" \
-      >"$W/bad-pictures-verdict.log" 2>&1; then
-    echo "PASS head-bad-pictures: $(tail -1 "$W/bad-pictures-verdict.log" | cut -c1-120)"
-  else
-    failed=$((failed + 1))
-    echo "FAIL head-bad-pictures: $(grep -E '^FAIL|Error' "$W/bad-pictures-verdict.log" | head -1 | cut -c1-200) [log: $W/bad-pictures-verdict.log]"
-  fi
+  local fam=${FAMILIES:-qwen2_5_vl}
+  check head-bad-pictures "$W/bad-pictures-verdict.log" /tmp/tgw_venv_head/bin/python \
+    "$ROOT/tools/tgw_bad_pictures.py" "$W" "$W/families" "${fam%% *}"
 }
 
 browser() {  # text-generation-webui's own page in Chromium (the harness's ui_shim): each family with its
@@ -124,14 +119,9 @@ browser() {  # text-generation-webui's own page in Chromium (the harness's ui_sh
   for fam in qwen2_5_vl gemma3 llava_next llava; do
     [[ " ${FAMILIES:-$fam} " == *" $fam "* ]] && fams+=("$fam")
   done
-  if python "$ROOT/tools/tgw_ui_check.py" --harness "$W" --model-dir "$W/families/models" \
-      --hf-home "$W/families/hf_home" --out "$out" --work "$W/ui" --families "${fams[@]}" \
-      --refusal "${refusal%% *}" >"$W/ui-check.log" 2>&1; then
-    echo "PASS head-ui: its page in Chromium: ${fams[*]}, and a refused picture [screenshots: $out]"
-  else
-    failed=$((failed + 1))
-    echo "FAIL head-ui: $(grep -E '^FAIL' "$W/ui-check.log" | head -1 | cut -c1-200) [log: $W/ui-check.log]"
-  fi
+  check "head-ui (its page in Chromium; screenshots: $out)" "$W/ui-check.log" python "$ROOT/tools/tgw_ui_check.py" \
+    --harness "$W" --model-dir "$W/families/models" --hf-home "$W/families/hf_home" --out "$out" --work "$W/ui" \
+    --families "${fams[@]}" --refusal "${refusal%% *}"
 }
 
 expect_fail() {  # expect_fail CONTROL SCENARIO: a control extension the harness must reject

@@ -56,7 +56,7 @@ class Reference:
         import torch
         from transformers import AutoModelForImageTextToText
 
-        from extensions.multimodal.processor_loading import load_processor
+        from extensions.multimodal.core.processor_loading import load_processor
 
         self.torch = torch
         self.model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()

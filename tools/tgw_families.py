@@ -95,7 +95,7 @@ class Reference:
         import torch
         from transformers import AutoModelForImageTextToText
 
-        from extensions.multimodal.processor_loading import load_processor
+        from extensions.multimodal.core.processor_loading import load_processor
 
         info = report["models_info"]
         folder = Path(info["models_root"]) / info["model_name"]

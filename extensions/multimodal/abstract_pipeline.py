@@ -92,7 +92,8 @@ class AbstractMultimodalPipeline(ABC):
         return None
 
     def preferred_image_size(self) -> Optional[int]:
-        """The longest side worth storing in history (larger images are downscaled), or None."""
+        """The longest side worth keeping, or None (1024). Read only by the `jpeg` history format, which
+        downscales larger pictures to it; the default `exact` format stores every picture as sent."""
         return None
 
     def cache_key(self) -> str:
@@ -146,18 +147,19 @@ class AbstractMultimodalPipeline(ABC):
 
     # -- Helpers for subclasses -----------------------------------------------------------------
 
-    def _get_device(self, setting_name: str, params: dict):
-        if params[setting_name] is None:
-            if torch.cuda.is_available():
-                return torch.device('cuda:0')
-            if hasattr(torch, 'xpu') and torch.xpu.is_available():
-                return torch.device('xpu:0')
-            return torch.device('cpu')
+    def _get_device(self, setting_name: str, params: dict) -> torch.device:
+        """A `*_device` param as a device; None: the language model's own (the original extension picked
+        cuda:0 whenever CUDA existed, even for a model run on the CPU with --cpu)."""
+        if params.get(setting_name) is None:
+            return _model_placement()[0]
         return torch.device(params[setting_name])
 
-    def _get_dtype(self, setting_name: str, params: dict, device: Optional[torch.device] = None):
-        """A `*_bits` param as a dtype. 16 on a CPU `device` means bfloat16: CPUs have no fast float16."""
-        value = params[setting_name]
+    def _get_dtype(self, setting_name: str, params: dict, device: Optional[torch.device] = None) -> torch.dtype:
+        """A `*_bits` param as a dtype; None: the language model's own. 16 on a CPU `device` means
+        bfloat16: CPUs have no fast float16."""
+        value = params.get(setting_name)
+        if value is None:
+            return _model_placement()[1]
         if value in (32, '32', 'fp32', 'float32'):
             return torch.float32
         if value in (16, '16', 'fp16', 'float16'):
@@ -165,6 +167,16 @@ class AbstractMultimodalPipeline(ABC):
         if value in ('bf16', 'bfloat16'):
             return torch.bfloat16
         raise ValueError(f"{setting_name}={value!r}: expected 32, 16 or 'bf16'")
+
+
+def _model_placement() -> tuple[torch.device, torch.dtype]:
+    """The loaded language model's device and dtype (the CPU and float32 before one is loaded)."""
+    from extensions.multimodal.core import loaded_model
+    from modules import shared
+
+    if shared.model is None:
+        return torch.device("cpu"), torch.float32
+    return loaded_model.placement()
 
 
 def overrides(pipeline, method_name: str) -> bool:

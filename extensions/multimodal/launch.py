@@ -17,14 +17,18 @@ import runpy
 import sys
 from pathlib import Path
 
-HF_AUTO = Path(__file__).resolve().parent / "pipelines" / "hf_auto"
+HERE = Path(__file__).resolve().parent
+HF_AUTO = HERE / "pipelines" / "hf_auto"
 PACKAGE = "_multimodal_launch_hf_auto"  # a private name: the extension later imports its own copy
 
 
 def register() -> list[str]:
     """`hf_auto/auto_classes.py`, imported without the extension (no `modules.*` before server.py runs)."""
-    import folder_packages  # this file's folder is sys.path[0] while it runs as a script
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("_multimodal_launch_packages", HERE / "core" / "folder_packages.py")
+    folder_packages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(folder_packages)
     folder_packages.register_package(PACKAGE, [HF_AUTO])
     auto_classes = importlib.import_module(f"{PACKAGE}.auto_classes")
     return auto_classes.register_image_text_classes()

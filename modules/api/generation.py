@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from starlette.requests import Request
 
-from modules import chat, shared
+from modules import chat
 from modules.api.errors import APIError
 from modules.api.messages import ChatInput
 from modules.api.schemas import GenerationParams
@@ -30,38 +30,41 @@ class ClientGone(Exception):
     """The HTTP client disconnected; the generation was cancelled."""
 
 
-def build_state(params: GenerationParams) -> dict[str, Any]:
-    """`dict(shared.settings)` with the request's overrides; temperature 0 means greedy."""
-    state = dict(shared.settings)
-    state.update(history=chat.new_history(), notices=[], stream=params.stream)
-    if params.truncation_length is not None:
-        state["truncation_length"] = params.truncation_length
-    max_tokens = params.max_completion_tokens or params.max_tokens
-    if max_tokens is not None:
-        state["max_new_tokens"] = max_tokens
+def request_state(params: GenerationParams) -> dict[str, Any]:
+    """`chat.new_state` with what the request sets (`request_values`); the request's stops join the
+    settings' own, as text-generation-webui's API does. Raises APIError 422 for a reply length that
+    leaves no room for the prompt."""
+    state = chat.new_state(**request_values(params))
     if state["max_new_tokens"] >= state["truncation_length"]:
         raise APIError(422, f"max_tokens ({state['max_new_tokens']}) must be below the context length "
                             f"({state['truncation_length']} tokens), leaving room for the prompt",
                        param="max_tokens", code="invalid_parameter")
-    if params.temperature is not None:
-        state["temperature"] = params.temperature
-        state["do_sample"] = params.temperature > 0
-    for key in ("top_p", "top_k", "repetition_penalty", "ban_eos_token"):
-        if getattr(params, key) is not None:
-            state[key] = getattr(params, key)
-    state["seed"] = -1 if params.seed is None else params.seed
-    if params.image_budget is not None:
-        state[chat.IMAGE_BUDGET] = params.image_budget
+    stops = request_stops(params)
+    if stops:
+        state["custom_stopping_strings"] = get_custom_stopping_strings(state) + stops
+    return state
+
+
+def request_values(params: GenerationParams) -> dict[str, Any]:
+    """The request's parameters under their state keys; one it leaves out (None) keeps the host's
+    setting, except the seed (none: a random one). Temperature 0 means greedy, above 0 sampling."""
     if params.logits_processor_args is not None and params.vllm_xargs is not None:
         raise APIError(422, "Send logits_processor_args or vllm_xargs (the same thing under vLLM's name), not both",
                        param="vllm_xargs", code="invalid_parameter")
-    args = params.logits_processor_args if params.logits_processor_args is not None else params.vllm_xargs
-    if args is not None:
-        state["logits_processor_args"] = args
-    stops = request_stops(params)
-    if stops:  # the request's stops join the settings' own, as text-generation-webui's API does
-        state["custom_stopping_strings"] = get_custom_stopping_strings(state) + stops
-    return state
+    values = {
+        "truncation_length": params.truncation_length,
+        "max_new_tokens": params.max_completion_tokens or params.max_tokens,
+        "temperature": params.temperature,
+        "do_sample": None if params.temperature is None else params.temperature > 0,
+        "top_p": params.top_p, "top_k": params.top_k, "repetition_penalty": params.repetition_penalty,
+        "ban_eos_token": params.ban_eos_token,
+        chat.IMAGE_BUDGET: params.image_budget,
+        "logits_processor_args": params.logits_processor_args if params.logits_processor_args is not None
+        else params.vllm_xargs,
+    }
+    values = {key: value for key, value in values.items() if value is not None}
+    values.update(stream=params.stream, seed=-1 if params.seed is None else params.seed)
+    return values
 
 
 def request_stops(params: GenerationParams) -> list[str]:

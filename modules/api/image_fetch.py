@@ -20,6 +20,7 @@ from urllib.parse import unquote_to_bytes
 import anyio
 import httpx
 
+from modules.api.capped_read import TooLarge, read_capped
 from modules.api.config import APIConfig, IPAddress
 from modules.api.errors import APIError
 
@@ -117,7 +118,7 @@ async def fetch_remote(url: str, config: APIConfig, headers: httpx.Headers) -> F
                 if response.is_redirect:
                     url = str(httpx.URL(url).join(response.headers["location"]))
                     continue
-                return Fetched(url, response.status_code, await read_capped(response, config.max_image_bytes, url))
+                return Fetched(url, response.status_code, await read_image_body(response, config.max_image_bytes, url))
             finally:
                 await response.aclose()
     raise APIError(400, f"The URL redirected more than {config.max_redirects} times")
@@ -157,17 +158,13 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos))
 
 
-async def read_capped(response: httpx.Response, max_bytes: int, url: str) -> bytes:
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large(f"The body of {shorten(url)} ({declared} bytes)", max_bytes)
-    chunks, size = [], 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large(f"The body of {shorten(url)} (more than {max_bytes} bytes)", max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def read_image_body(response: httpx.Response, max_bytes: int, url: str) -> bytes:
+    """The fetched body, at most `max_bytes`; a larger one is a 413 (the connection is closed, not drained)."""
+    try:
+        return await read_capped(response.aiter_bytes(), response.headers.get("content-length"), max_bytes)
+    except TooLarge as error:
+        size = f"{error.size} bytes" if error.declared else f"more than {max_bytes} bytes"
+        raise too_large(f"The body of {shorten(url)} ({size})", max_bytes) from None
 
 
 def too_large(what: str, max_bytes: int) -> APIError:

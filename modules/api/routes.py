@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modules import chat, shared
 from modules.api import generation, messages, responses
+from modules.api.capped_read import TooLarge, read_capped
 from modules.api.config import APIConfig
 from modules.api.errors import APIError
 from modules.api.generation import ClientGone, DeltaTracker, GenerationRun
@@ -43,7 +44,7 @@ def build_router(config: APIConfig) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         params = parse_body(ChatCompletionRequest, await read_body(request, config.max_body_bytes))
         require_model()
-        state = generation.build_state(params)
+        state = generation.request_state(params)
         chat_in = await messages.chat_input(params.messages, config)
         return await respond(request, params, state, lambda: generation.chat_replies(chat_in, state),
                              responses.Shape(chat=True), config)
@@ -53,7 +54,7 @@ def build_router(config: APIConfig) -> APIRouter:
         params = parse_body(CompletionRequest, await read_body(request, config.max_body_bytes))
         require_model()
         prompt = single_prompt(params.prompt)
-        state = generation.build_state(params)
+        state = generation.request_state(params)
         return await respond(request, params, state, lambda: generation.completion_replies(prompt, state),
                              responses.Shape(chat=False), config)
 
@@ -90,18 +91,12 @@ def single_prompt(prompt: str | list[str]) -> str:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    """The request body, at most `limit` bytes; a larger one is drained and answered 413."""
+    try:
+        return await read_capped(request.stream(), request.headers.get("content-length"), limit)
+    except TooLarge as error:
         await drain(request, limit)
-        raise body_too_large(int(declared), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            await drain(request, limit)
-            raise body_too_large(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        raise body_too_large(error.size, limit) from None
 
 
 async def drain(request: Request, limit: int) -> None:

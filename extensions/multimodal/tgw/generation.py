@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from extensions.multimodal.defaults import MODEL_ROUTE, PROCESSOR_INPUTS
-from extensions.multimodal.loaded_model import placed, placement
+from extensions.multimodal.core.defaults import MODEL_ROUTE, PROCESSOR_INPUTS
+from extensions.multimodal.core.loaded_model import placed, placement
 from extensions.multimodal.tgw import prefix_cache
 from modules import shared
 from modules.logging_colors import logger

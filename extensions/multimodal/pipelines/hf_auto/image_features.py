@@ -18,9 +18,12 @@ import inspect
 
 import torch
 
-from extensions.multimodal import loaded_model
+from extensions.multimodal.core import loaded_model
 
 from .image_tokens import ProcessedImages, image_token_id
+
+# Submodules holding the vision tower, then the projector, by family.
+VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
 
 
 def tower_inputs(model, processed: ProcessedImages) -> dict[str, torch.Tensor]:
@@ -66,14 +69,19 @@ def split_rows(rows: torch.Tensor, counts: list[int], model_name: str) -> list[t
 
 def vision_device_dtype(model) -> tuple[torch.device, torch.dtype]:
     """Where the vision tower's weights live (pixel tensors go there, in its float dtype)."""
-    tower = next((module for name in ("vision_tower", "visual", "vision_model")
-                  for module in [find_submodule(model, name)] if module is not None), model)
+    tower = next(iter(vision_parts(model)), model)
     parameter = next(p for p in tower.parameters() if p.is_floating_point())
     return parameter.device, parameter.dtype
 
 
-def find_submodule(model, name: str):
-    for candidate in (model, getattr(model, "model", None)):
-        if candidate is not None and isinstance(getattr(candidate, name, None), torch.nn.Module):
-            return getattr(candidate, name)
-    return None
+def vision_parts(model) -> list[torch.nn.Module]:
+    """The vision tower, then the projector, of an image-text model (`model.<name>` or `model.model.<name>`)."""
+    inner = getattr(model, "model", None)
+    found = []
+    for name in VISION_PARTS:
+        for candidate in (model, inner):
+            part = getattr(candidate, name, None) if candidate is not None else None
+            if isinstance(part, torch.nn.Module):
+                found.append(part)
+                break
+    return found

@@ -5,7 +5,8 @@
   chat template (`transformers_pipeline.py`; routes per family in `routes.py`, FAMILIES.md).
 - `llava-hf`: the same pipeline for transformers LLaVA / LLaVA-NeXT models, under its earlier name.
 Picked from the loaded model: a model this pipeline serves needs no name. Classes are imported only
-when a pipeline is built, so listing the names costs nothing.
+when a pipeline is built, so listing the names costs nothing. Module capabilities (core/pipeline_loader):
+`serves(model)`, `register_auto_classes()`.
 """
 from __future__ import annotations
 
@@ -33,3 +34,18 @@ def get_pipeline_from_model_name(model_name: str, params: dict):
     if not supports(shared.model):
         return None
     return get_pipeline("llava-hf" if shared.model.config.model_type in LLAVA_HF_TYPES else "transformers", params)
+
+
+def serves(model) -> bool:
+    """Capability: `model` is an image-text checkpoint this module serves (a host that builds `generate()`'s
+    inputs itself, text-generation-webui, lets the extension generate for it)."""
+    from .transformers_pipeline import supports
+
+    return supports(model)
+
+
+def register_auto_classes() -> list[str]:
+    """Capability: text-generation-webui's `AutoModelForCausalLM` loads the families' full classes."""
+    from .auto_classes import register_image_text_classes
+
+    return register_image_text_classes()

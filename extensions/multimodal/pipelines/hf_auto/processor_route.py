@@ -16,7 +16,7 @@ from typing import Optional
 
 from transformers.feature_extraction_utils import BatchFeature
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE, image_label, tag_b64_to_image
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, image_label, tag_b64_to_image
 
 from .image_tokens import image_text
 

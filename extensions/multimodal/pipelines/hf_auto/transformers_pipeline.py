@@ -17,18 +17,17 @@ from typing import Callable, List, Optional
 import torch
 from PIL import Image
 
-from extensions.multimodal import loaded_model
+from extensions.multimodal.core import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, feature_rows
-from extensions.multimodal.defaults import with_defaults
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.defaults import with_defaults
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 from modules.logging_colors import logger
 
 from . import budget_kwargs, cross_attention, routes
-from .image_features import features_of
+from .image_features import features_of, vision_parts
 from .image_tokens import LayoutUnavailable, image_placeholder, image_text, image_token_id, process_images
+from .processor_route import processor_inputs
 
-# Submodules holding the vision tower and projector, by family (`model.model.<name>`).
-VISION_PARTS = ("vision_tower", "visual", "vision_model", "multi_modal_projector", "connector")
 BLANK_SIDE = 224  # the picture whose layout gives num_image_embeds() and the text around every image
 LEADING_IMAGES = re.compile(f"(?:{IMAGE_TAG_RE.pattern})*")
 # Families whose processor lays out a picture differently once the conversation holds several.
@@ -40,14 +39,6 @@ def supports(model) -> bool:
     if model_type not in routes.ROUTES:
         return False
     return routes.ROUTES[model_type] == routes.CROSS_ATTENTION or hasattr(model, "get_image_features")
-
-
-def check_served_here(model) -> None:
-    """Raises `LayoutUnavailable` for a family the installed transformers' `generate` cannot take as
-    routed here (the "ids+features" route needs `mm_encoder_outputs`, transformers 5.23 and later)."""
-    if not routes.routes_here(model):
-        raise LayoutUnavailable(f"{type(model).__name__} takes precomputed image features only through "
-                                f"generate(mm_encoder_outputs=...): transformers 5.23 or newer.")
 
 
 def with_company(images: List[Image.Image], several: bool) -> List[Image.Image]:
@@ -67,25 +58,42 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         if not supports(model):
             raise ValueError(f"The '{name}' pipeline cannot serve {type(model).__name__} ({model_type}): it is not "
                              f"an image-text model this pipeline knows (known: {', '.join(sorted(routes.ROUTES))}).")
-        check_served_here(model)
         self._name, self.model, self.processor = name, model, loaded_model.processor()
         self.route = routes.route_for(model)
         self.image_id = image_token_id(model)
-        blank = process_images(self.processor, [Image.new("RGB", (BLANK_SIDE, BLANK_SIDE))]).tokens[0]
         # A tag stands for one image part as the chat template writes it (Qwen: the placeholder between
         # <|vision_start|> and <|vision_end|>); the text around the placeholder, and the plain text the
         # processor writes around every image's special tokens (Gemma 3: "\n\n"), belong to the
         # neighbouring text parts, encoded with them, as the processor tokenizes the whole prompt.
         self.image_text = image_text(self.processor)
         prefix, _, suffix = self.image_text.partition(image_placeholder(self.processor))
-        self.before, self.after = prefix + blank.before, blank.after + suffix
-        self.tokens_per_image = int((blank.ids == self.image_id).sum())
+        blank, self.not_exact_here = self._blank_layout()
+        if blank is None:
+            logger.info(f"Multimodal: {type(model).__name__} through its processor, the tower inside generate on "
+                        f"every turn: {self.not_exact_here}")
+            self.before, self.after, self.tokens_per_image = prefix, suffix, 0
+        else:
+            self.before, self.after = prefix + blank.before, blank.after + suffix
+            self.tokens_per_image = int((blank.ids == self.image_id).sum())
         self.vision_device, self.vision_dtype = self._place_vision(params)
+
+    def _blank_layout(self):
+        """(a blank picture's tokens, "") where the installed transformers gives this family's features
+        exactly; else (None, why not): the "ids+features" and cross-attention routes need transformers
+        5.23 (`routes.routes_here`), and before 5.23 a processor that writes plain text with a picture
+        does not say where (`image_tokens.LayoutUnavailable`)."""
+        if not routes.routes_here(self.model):
+            import transformers
+
+            return None, f"transformers {transformers.__version__} cannot take its precomputed features (5.23 can)"
+        try:
+            return process_images(self.processor, [Image.new("RGB", (BLANK_SIDE, BLANK_SIDE))]).tokens[0], ""
+        except LayoutUnavailable as error:
+            return None, str(error)
 
     def _place_vision(self, params: dict) -> tuple[torch.device, torch.dtype]:
         """Move/cast the tower and projector as `vision_device` / `vision_bits` say (they run as one)."""
-        inner = self.model.model if hasattr(self.model, "model") else self.model
-        parts = [getattr(inner, name) for name in VISION_PARTS if isinstance(getattr(inner, name, None), torch.nn.Module)]
+        parts = vision_parts(self.model)
         current = next(p for part in parts for p in part.parameters())
         device = torch.device(params["vision_device"]) if params["vision_device"] is not None else current.device
         dtype = current.dtype if params["vision_bits"] is None else self._get_dtype("vision_bits", params, device)
@@ -196,6 +204,17 @@ class TransformersPipeline(AbstractMultimodalPipeline):
 
     def chat_template_placeholder(self) -> Optional[str]:
         return self.image_text
+
+    def features_exact_here(self) -> bool:
+        """Whether this family's features and route give Hugging Face's tokens with the installed
+        transformers; where not, a host that takes no routes uses `processor_inputs` instead."""
+        return not self.not_exact_here
+
+    def processor_inputs(self, prompt: str, add_bos: bool, max_pixels: int, budget=None):
+        """The checkpoint's own processor inputs for `prompt` (tags standing for image parts), its pictures at
+        `budget`: `model.generate(**inputs)` runs the tower itself (`processor_route.py`)."""
+        kwargs = budget_kwargs.images_kwargs(self.model.config.model_type, self.processor.image_processor, budget)
+        return processor_inputs(self.processor, prompt, add_bos, max_pixels, kwargs)
 
     def embeds_all_images(self) -> bool:
         return True  # the model's own processor embeds every image of a conversation

@@ -4,7 +4,11 @@ A pipeline module is a folder `pipelines/<dir>/` holding `pipelines.py` (no `__i
 hyphens allowed: it is `git clone`d there). It is imported as
 `extensions.multimodal.pipelines.<dir>.pipelines`, so relative imports inside it work. It offers
 `available_pipelines: List[str]`, `get_pipeline(name, params)` and optionally
-`get_pipeline_from_model_name(model_name, params)` (see DOCS.md).
+`get_pipeline_from_model_name(model_name, params)` (see DOCS.md). The extension's own modules
+(`BUILT_IN`: `hf_auto`, `llava`) come first, in that order, then third-party ones by folder name.
+A module may also offer optional module-level capabilities, which `module_capability` finds:
+`serves(model)` (an image-text checkpoint it generates for where the host cannot) and
+`register_auto_classes()` (text-generation-webui's `AutoModelForCausalLM` loads its families whole).
 
 `load_pipeline(params)` returns `(pipeline, module_dir_name)`: the pipeline named by
 `--multimodal-pipeline` (hosts that have the flag), else by the `multimodal-pipeline` setting
@@ -20,13 +24,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence, Tuple
 
-from extensions.multimodal.folder_packages import register_package
+from extensions.multimodal.core.folder_packages import register_package
 from modules import shared
 from modules.logging_colors import logger
 
 PACKAGE = "extensions.multimodal.pipelines"
-BUILTIN_PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
+BUILTIN_PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 MODULE_FILE = "pipelines.py"
+BUILT_IN = ("hf_auto", "llava")  # this extension's own pipeline modules, in this order before the others
 
 
 def pipeline_roots(params: dict) -> List[Path]:
@@ -55,7 +60,8 @@ def find_module_dirs(roots: Sequence[Path]) -> List[Path]:
                                f"{found[directory.name]} has the same name")
                 continue
             found[directory.name] = directory
-    return list(found.values())
+    built_in = [found[name] for name in BUILT_IN if name in found and found[name].parent == BUILTIN_PIPELINES_DIR]
+    return built_in + [directory for directory in found.values() if directory not in built_in]
 
 
 def import_pipeline_modules(roots: Sequence[Path]) -> List[ModuleType]:
@@ -70,6 +76,15 @@ def import_pipeline_modules(roots: Sequence[Path]) -> List[ModuleType]:
             logger.error(f"Multimodal: failed to import the pipeline module '{directory.name}' "
                          f"({directory / MODULE_FILE}), skipping it:\n{traceback.format_exc()}")
     return modules
+
+
+def module_capability(params: dict, name: str):
+    """The first pipeline module's optional module-level capability `name`, or None when none offers it."""
+    for module in import_pipeline_modules(pipeline_roots(params)):
+        capability = getattr(module, name, None)
+        if capability is not None:
+            return capability
+    return None
 
 
 def module_dir_name(module: ModuleType) -> str:

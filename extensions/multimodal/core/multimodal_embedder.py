@@ -20,14 +20,14 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from extensions.multimodal import image_budget, loaded_model
+from extensions.multimodal.core import image_budget, loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, feature_rows, overrides
-from extensions.multimodal.image_embedding import EmbeddingCountError, ImageEmbedder, feature_positions
-from extensions.multimodal.pad_safe_ids import unmaskable
-from extensions.multimodal.pipeline_loader import load_pipeline
-from extensions.multimodal.image_budget import Budget
-from extensions.multimodal.prompt_encoding import PromptEncoder, PromptTooLongError, takes_budget
-from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens
+from extensions.multimodal.core.image_embedding import EmbeddingCountError, ImageEmbedder, feature_positions
+from extensions.multimodal.core.pad_safe_ids import unmaskable
+from extensions.multimodal.core.pipeline_loader import load_pipeline
+from extensions.multimodal.core.image_budget import Budget
+from extensions.multimodal.core.prompt_encoding import PromptEncoder, PromptTooLongError, takes_budget
+from extensions.multimodal.core.prompt_parts import PromptPart, count_images, n_tokens
 from modules.logging_colors import logger
 
 __all__ = ["MultimodalEmbedder", "Embedded", "EmbeddingCountError", "TooManyImagesError", "PromptTooLongError"]
@@ -73,9 +73,6 @@ class MultimodalEmbedder:
         only where the pipeline lays it out from its pixels: see `prompt_encoding`)."""
         self._reset_caches_if_model_changed()
         return self.prompts.measure(prompt, self._budget({}))
-
-    def embeds_all_images(self) -> bool:
-        return self.prompts.embeds_all_images()
 
     def forward(self, prompt: str, state: dict) -> Embedded:
         started = time.perf_counter()

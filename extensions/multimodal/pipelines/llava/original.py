@@ -11,20 +11,14 @@ from typing import List
 import torch
 from PIL import Image
 
-from extensions.multimodal import loaded_model
+from extensions.multimodal.core import loaded_model
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
-from extensions.multimodal.defaults import with_defaults
+from extensions.multimodal.core.defaults import with_defaults
 from modules import shared
 from modules.logging_colors import logger
 
 from . import weights
 from .specs import LlavaSpec
-
-
-def device_or_model(value: str | None) -> torch.device:
-    """A `*_device` param: the named device, else the LM's own. (The base class helper would pick
-    cuda:0 whenever CUDA exists, even when the host runs the model on the CPU with --cpu.)"""
-    return torch.device(value) if value is not None else loaded_model.placement()[0]
 
 
 PROJECTOR_KEYS = {
@@ -70,10 +64,10 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
     def __init__(self, spec: LlavaSpec, params: dict):
         params = with_defaults(params)
         self.spec = spec
-        self.vision_device = device_or_model(params["vision_device"])
-        self.vision_dtype = self._dtype_or_model("vision_bits", params, self.vision_device)
-        self.projector_device = device_or_model(params["projector_device"])
-        self.projector_dtype = self._dtype_or_model("projector_bits", params, self.projector_device)
+        self.vision_device = self._get_device("vision_device", params)
+        self.vision_dtype = self._get_dtype("vision_bits", params, self.vision_device)
+        self.projector_device = self._get_device("projector_device", params)
+        self.projector_dtype = self._get_dtype("projector_bits", params, self.projector_device)
         folder = loaded_model.model_folder()
         self.vision_source = weights.vision_source(spec, loaded_model.config_dict(), params["vision_tower"])
         logger.info(f"{spec.name}: CLIP from {self.vision_source} ({self.vision_dtype}, {self.vision_device})")
@@ -87,12 +81,6 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
         self.tokens_per_image = (vision.image_size // vision.patch_size) ** 2
         self.pad_fill = tuple(int(x * 255) for x in self.image_processor.image_mean)
         self.placeholder_id = self._resolve_placeholder_id()
-
-    def _dtype_or_model(self, setting_name: str, params: dict, device: torch.device) -> torch.dtype:
-        """A `*_bits` param as a dtype (16 on the CPU: bfloat16); None means the LM's own dtype."""
-        if params[setting_name] is None:
-            return loaded_model.placement()[1]
-        return self._get_dtype(setting_name, params, device)
 
     def _check_shapes(self) -> None:
         layers = linear_layers(self.projector)

@@ -18,7 +18,7 @@ from typing import Any, Hashable, Optional
 
 import torch
 
-from extensions.multimodal.image_codec import CODEC_VERSION
+from extensions.multimodal.core.image_codec import CODEC_VERSION
 
 PARAMS_CHANGING_EMBEDDINGS = ("vision_device", "vision_bits", "projector_device", "projector_bits")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from extensions.multimodal import loaded_model
+from extensions.multimodal.core import loaded_model
 
 
 def image_row_id(pipeline) -> int:

@@ -29,8 +29,8 @@ from typing import Optional
 
 from jinja2 import Template, TemplateError
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
-from extensions.multimodal.native_media import MEDIA_MARKER
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.tgw.native_media import MEDIA_MARKER
 from extensions.multimodal.pipelines.hf_auto.image_tokens import PROBE, template_image_text
 
 PICTURE_RE = re.compile(f"{re.escape(MEDIA_MARKER)}|{IMAGE_TAG_RE.pattern}")

@@ -17,14 +17,14 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from extensions.multimodal import dropped_pictures, notices
+from extensions.multimodal.core import dropped_pictures, notices
 from extensions.multimodal.abstract_pipeline import ImageLayout, overrides
-from extensions.multimodal.defaults import DROPPED_IMAGES, max_image_pixels
-from extensions.multimodal.embedding_cache import BoundedLRU, tensor_nbytes
-from extensions.multimodal.image_budget import Budget
-from extensions.multimodal.image_codec import image_for_counting, image_label, tag_b64_to_image
-from extensions.multimodal.loaded_model import model_device, tokenizer
-from extensions.multimodal.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
+from extensions.multimodal.core.defaults import DROPPED_IMAGES, max_image_pixels, wants_bos
+from extensions.multimodal.core.embedding_cache import BoundedLRU, tensor_nbytes
+from extensions.multimodal.core.image_budget import Budget
+from extensions.multimodal.core.image_codec import image_for_counting, image_label, tag_b64_to_image
+from extensions.multimodal.core.loaded_model import model_device, tokenizer
+from extensions.multimodal.core.prompt_parts import PromptPart, count_images, n_tokens, split_prompt, truncate_parts
 from modules.text_generation import encode, get_max_prompt_length
 
 MEMO_BYTES = 8 * 1024 * 1024
@@ -47,13 +47,13 @@ class PromptEncoder:
 
     def measure(self, prompt: str, budget: Optional[Budget] = None) -> int:
         with torch.inference_mode():
-            parts = self.assign_ids(self.split(prompt), add_bos=True, budget=budget)
+            parts = self.assign_ids(self.split(prompt), wants_bos({}), budget)
         return sum(n_tokens(part) for part in parts)
 
     def encode(self, prompt: str, state: dict, budget: Optional[Budget] = None) -> Tuple[List[PromptPart], int]:
         """(the parts that fit, with ids; how many images were dropped to fit). `budget`: what each
         picture may cost, for pipelines that take one (None: the checkpoint's settings)."""
-        add_bos = bool(state.get("add_bos_token", True))
+        add_bos = wants_bos(state)
         parts = self.assign_ids(self.split(prompt), add_bos, budget)
         max_length = get_max_prompt_length(state)
         if max_length <= 0:
@@ -91,10 +91,7 @@ class PromptEncoder:
     def images_to_embed(self, parts: List[PromptPart]) -> set:
         """Indices of the images that get real embeddings (the others get placeholder embeddings)."""
         indices = [part.index for part in parts if part.is_image]
-        return set(indices if self.embeds_all_images() else indices[-1:])
-
-    def embeds_all_images(self) -> bool:
-        return embeds_all_images(self.params, self.pipeline)
+        return set(indices if embeds_all_images(self.params, self.pipeline) else indices[-1:])
 
     def several(self, parts: List[PromptPart]) -> bool:
         """Whether the prompt's pictures are laid out as several (only pipelines that say it matters)."""

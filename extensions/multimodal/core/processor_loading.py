@@ -19,14 +19,12 @@ In transformers 5.6 (text-generation-webui's pin) `AutoImageProcessor` itself ne
 cannot read the image-processor settings that newer versions save inside processor_config.json: the
 PIL image processor is then found by its class name (`pil_image_processor_by_name`).
 
-Nothing here changes transformers for anyone else: a processor class that declares a video
-processor is used through a subclass of the same name that declares none, and Pixtral's module is
-loaded under a private name. A failure raises `ProcessorLoadError` naming the fix.
+Nothing here changes transformers for anyone else (a same-name subclass declares no video processor;
+Pixtral's module loads under a private name). A failure raises `ProcessorLoadError` naming the fix.
 """
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import json
 import sys
@@ -65,9 +63,7 @@ def torchvision_usable() -> bool:
 def load_processor(folder: str | Path, use_torchvision: bool | None = None) -> ProcessorMixin:
     """The checkpoint's processor (see the module docstring for the two routes).
 
-    `use_torchvision` None: `AutoProcessor` as is when it loads here (with torchvision, or for the
-    families whose processors need none), else the parts route; False forces the parts route (tests).
-    """
+    `use_torchvision` None: `AutoProcessor` when it loads here, else the parts route; False: the parts route."""
     folder = Path(folder)
     if use_torchvision is False:
         return processor_from_parts(folder)
@@ -148,14 +144,6 @@ def pil_class(class_name: str) -> type:
     raise ProcessorLoadError(f"transformers {transformers.__version__} has no {class_name}; {INSTALL_TORCHVISION}.")
 
 
-def build_processor(class_name: str, **parts) -> ProcessorMixin:
-    """`class_name(**parts)` without a video processor (for building checkpoints; `load_processor` loads them)."""
-    cls = processor_class(class_name)
-    if "video_processor" in declared_attributes(cls):
-        parts.setdefault("video_processor", None)
-    return cls(**parts)
-
-
 def declared_attributes(cls: type[ProcessorMixin]) -> list[str]:
     """The sub-processors `cls.__init__` takes (`ProcessorMixin.get_attributes`, ignoring our override)."""
     return ProcessorMixin.get_attributes.__func__(cls)
@@ -203,12 +191,9 @@ def processor_class(class_name: str) -> type[ProcessorMixin]:
 
 
 def without_video_processor(cls: type[ProcessorMixin]) -> type[ProcessorMixin]:
-    """A subclass of `cls`, same name, that declares no video processor.
-
-    The family's `__init__` still passes `video_processor` (None) positionally to `ProcessorMixin`,
-    which pairs arguments with the declared attributes and so never sees it; the processor then has
-    no `video_processor` attribute, which is what `ProcessorMixin.__call__` checks before videos.
-    """
+    """A subclass of `cls`, same name, that declares no video processor: `ProcessorMixin` pairs the
+    family's positional arguments with the declared attributes, so never sees `video_processor` (None),
+    and the processor has no such attribute, which `ProcessorMixin.__call__` checks before videos."""
     attributes = [name for name in cls.get_attributes() if name != "video_processor"]
     namespace = {
         "__module__": cls.__module__,

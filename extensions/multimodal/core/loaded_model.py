@@ -112,7 +112,7 @@ def processor() -> Any:
         if folder is None:
             raise ValueError("The model's processor is needed, but the model's folder was not found "
                              f"(model name {shared.model_name!r}).")
-        from extensions.multimodal.processor_loading import load_processor
+        from extensions.multimodal.core.processor_loading import load_processor
 
         _processor_cache.clear()  # one model at a time
         _processor_cache[id(model)] = load_processor(folder)

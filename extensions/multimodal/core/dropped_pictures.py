@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 
 
 def history_turns(state: dict) -> list:

@@ -12,15 +12,13 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
-from PIL import Image
 
-from extensions.multimodal.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 
 
 @dataclass
 class PromptPart:
     text: str  # the text with its markers, or the whole `<img>` tag for an image
-    image: Optional[Image.Image] = None
     is_image: bool = False
     input_ids: Optional[torch.Tensor] = None  # (n,) int64
     embedding: Optional[torch.Tensor] = None  # (n, hidden)

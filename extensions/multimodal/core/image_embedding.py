@@ -12,12 +12,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from extensions.multimodal.abstract_pipeline import feature_rows
-from extensions.multimodal.defaults import max_image_pixels, with_defaults
-from extensions.multimodal.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
+from extensions.multimodal.core.defaults import max_image_pixels, with_defaults
+from extensions.multimodal.core.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
                                                    tensor_nbytes)
-from extensions.multimodal.image_budget import Budget
-from extensions.multimodal.image_codec import b64_to_bytes, decode_image_bytes, image_label
-from extensions.multimodal.prompt_parts import PromptPart
+from extensions.multimodal.core.image_budget import Budget
+from extensions.multimodal.core.image_codec import b64_to_bytes, decode_image_bytes, image_label
+from extensions.multimodal.core.prompt_parts import PromptPart
 
 
 class EmbeddingCountError(RuntimeError):
@@ -102,5 +102,6 @@ def count_error(pipeline_name: str, rows: int, counts: Sequence[int]) -> Embeddi
     return EmbeddingCountError(
         f"Image features and image tokens do not match for pipeline '{pipeline_name}': embed_images() returned "
         f"{rows} embedding rows for {len(counts)} image(s), but the prompt holds {sum(counts)} placeholder tokens "
-        f"for them ({', '.join(map(str, counts))} per image, from num_image_embeds()). The pipeline's "
-        f"num_image_embeds() and embed_images() disagree: check that it matches the model's vision tower.")
+        f"for them ({', '.join(map(str, counts))} per image: the positions among each image's ids, from "
+        f"image_layout(), by default num_image_embeds_for() placeholders, that hold placeholder_token_id()). "
+        f"The pipeline's layout and embed_images() disagree: check that both follow the model's vision tower.")

@@ -71,3 +71,8 @@ def with_defaults(params: Optional[dict]) -> dict:
 def max_image_pixels(params: Optional[dict]) -> int:
     """The `max_image_pixels` param; unset (None or 0) means the default, never no limit."""
     return int((params or {}).get("max_image_pixels") or DEFAULT_PARAMS["max_image_pixels"])
+
+
+def wants_bos(state: dict) -> bool:
+    """The state's `add_bos_token`; unset (measuring a prompt without a state), True: the hosts' `encode()` default."""
+    return bool(state.get("add_bos_token", True))

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from extensions.multimodal.defaults import IMAGE_BUDGET, MESSAGE_IMAGES
+from extensions.multimodal.core.defaults import IMAGE_BUDGET, MESSAGE_IMAGES
 from modules import shared
 
 STATE_KEY = MESSAGE_IMAGES  # the host hands the value to extensions as state["message_images"]

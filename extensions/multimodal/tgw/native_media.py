@@ -7,8 +7,8 @@ extension in `state`, in the order of the markers, from one of (the precedence i
    every picture of the whole history (the chat box);
 2. the `image_url` parts of `state['history']['messages']` (`/v1/chat/completions`);
 3. `state['raw_images']`: PIL images (`/v1/completions` with messages).
-`markers_to_tags` replaces each marker by that picture's history tag, so the rest of the extension
-sees one image format. When text-generation-webui dropped old turns to fit the context, the prompt
+`media_to_tags` replaces each marker by that picture's history tag, so the rest of the extension
+sees one image format; `stand_in_tag` is the tag a marker counts as when a prompt is only measured. When text-generation-webui dropped old turns to fit the context, the prompt
 holds fewer markers than the state holds pictures: markers and pictures are matched from the newest.
 A picture that cannot be read is refused (ImageDecodeError) when it came with the message being
 answered; one of an earlier message, which the user was told about when it was refused, is left out,
@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, List
 
-from extensions.multimodal.image_codec import DATA_URL_PREFIX, ImageDecodeError, data_url_bytes
+from PIL import Image
+
+from extensions.multimodal.core import notices
+from extensions.multimodal.core.history_images import history_max_side, history_tags
+from extensions.multimodal.core.image_codec import DATA_URL_PREFIX, ImageDecodeError, data_url_bytes, store_image
 
 MEDIA_MARKER = "<__media__>"
 FETCH_TIMEOUT_S = 10
@@ -126,3 +130,26 @@ def markers_to_tags(prompt: str, state: dict, to_tag: Callable[[Any, str], str])
             left_out.append(str(error))
     pieces = prompt.split(MEDIA_MARKER)
     return "".join(piece + tag for piece, tag in zip(pieces, tags)) + pieces[-1], missing, left_out
+
+
+def media_to_tags(prompt: str, state: dict, params: dict) -> str:
+    """The prompt with its `<__media__>` markers replaced by the tags of the pictures `state` carries."""
+    prompt, missing, left_out = markers_to_tags(
+        prompt, state, lambda picture, label: history_tags([picture], state, params, lambda i, n: label)[0])
+    if missing:
+        notices.tell(state, f"{missing} {MEDIA_MARKER} marker(s) in the prompt had no picture in the request "
+                            f"and were left out.")
+    for cause in left_out:
+        notices.tell(state, f"A picture of an earlier message was left out: {cause}")
+    return prompt
+
+
+_stand_in_tag: list[str] = []
+
+
+def stand_in_tag() -> str:
+    """The tag of a blank picture, standing in for a `<__media__>` marker when a prompt is only measured
+    (text-generation-webui measures prompts without their state, so the real picture is not known)."""
+    if not _stand_in_tag:
+        _stand_in_tag.append(store_image(Image.new("RGB", (history_max_side(),) * 2, (127, 127, 127))).tag)
+    return _stand_in_tag[0]

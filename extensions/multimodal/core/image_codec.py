@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from extensions.multimodal.defaults import DEFAULT_PARAMS
+from extensions.multimodal.core.defaults import DEFAULT_PARAMS
 
 # The tag the extension writes and reads: `<img src="data:image/jpeg;base64,...">` as the technical
 # description fixes it, and `image/png` for lossless pictures. Only base64 characters in the data

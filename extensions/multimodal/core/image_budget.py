@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from extensions.multimodal.defaults import IMAGE_BUDGET
+from extensions.multimodal.core.defaults import IMAGE_BUDGET
 
 LEVEL_PIXELS = {"low": 512 * 512, "high": 2048 * 2048}
 MIN_PIXELS = 28 * 28  # below one patch a budget means nothing

@@ -15,7 +15,7 @@ import functools
 import importlib
 from typing import Callable, Optional
 
-from extensions.multimodal.image_codec import ImageDecodeError
+from extensions.multimodal.core.image_codec import ImageDecodeError
 
 _classes: dict[str, Optional[type]] = {}
 
