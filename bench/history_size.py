@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from extensions.multimodal.core.image_codec import store_bytes  # noqa: E402
 # the jpeg format's longest side when the pipeline states none
-from extensions.multimodal.script import DEFAULT_HISTORY_MAX_SIDE  # noqa: E402
+from extensions.multimodal.core.history_images import DEFAULT_HISTORY_MAX_SIDE  # noqa: E402
 
 SIZES = ((1366, 768), (1920, 1080), (1440, 900), (2560, 1440), (1280, 800))
 

@@ -37,7 +37,7 @@ from tools.demo_model.chats import (
     two_image_turn,
 )
 from tools.demo_model.eval import chat_turn, new_history
-from tools.demo_model.pictures import picture, random_scene
+from tools.demo_model.pictures import POSITIONS, picture, random_scene
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
@@ -99,7 +99,7 @@ def demo(host):
 
 def test_the_demo_embeds_every_image_by_default(demo):
     assert demo.params["add_all_images_to_prompt"] is True
-    assert demo.embedder().pipeline.name() == "llava-hf"
+    assert demo.served_model.embedder(demo.params).pipeline.name() == "llava-hf"
 
 
 @pytest.mark.parametrize("colour, shape, seed", [("red", "circle", 11), ("blue", "square", 12),
@@ -130,7 +130,7 @@ def test_two_images_in_one_message_the_answer_follows_their_order(demo):
 def test_an_earlier_image_and_a_new_one_the_answer_is_about_the_new_one(demo):
     reply, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [one_shape("orange", "star", 41)])
     assert reply == "It is a star."
-    with embedded_images(demo.embedder()) as counts:
+    with embedded_images(demo.served_model.embedder(demo.params)) as counts:
         reply, history = chat_turn(SHAPE_QUESTIONS[0], history, [one_shape("purple", "circle", 42)])
     assert reply == "It is a circle."
     assert counts == [2]  # add_all_images_to_prompt: the old one is real too
@@ -139,11 +139,30 @@ def test_an_earlier_image_and_a_new_one_the_answer_is_about_the_new_one(demo):
 
 
 def test_a_text_only_turn_after_an_image_turn(demo):
-    _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [one_shape("black", "square", 51)])
+    reply, history = chat_turn("Hello", new_history(), [])
+    assert reply == GREETING  # no picture yet: it asks for one
+    _, history = chat_turn(SHAPE_QUESTIONS[0], history, [one_shape("black", "square", 51)])
     reply, history = chat_turn("Hello", history, [])
-    assert reply == GREETING
+    assert reply.startswith("Hello") and "picture" in reply and "send me" not in reply.lower(), reply
     reply, _ = chat_turn(COLOUR_QUESTIONS[0], history, [one_shape("red", "triangle", 52)])
     assert reply == "It is red."
+
+
+def test_follow_ups_about_the_picture_of_turn_one_are_answered_from_it(demo):
+    """A picture, then text-only questions about it, chit-chat between them (as people chat): each
+    answer is about that picture, and none asks for a picture now that one is in the chat."""
+    rng = random.Random(61)
+    scene = random_scene(rng, kinds=[("green", "triangle")])
+    where = POSITIONS[scene.items[0].cell]
+    turns = [("What shape is this?", "It is a triangle."), ("What color is the shape?", "It is green."),
+             ("Where is the shape?", f"It is {where}."), ("Thanks", "You are welcome!"),
+             ("How many shapes are there?", "There is one shape."), ("Is there a red shape?", "No."),
+             ("Is there a green shape?", "Yes."), ("Describe the image.", f"A green triangle {where}.")]
+    history, replies = new_history(), []
+    for number, (question, _) in enumerate(turns):
+        reply, history = chat_turn(question, history, [picture(scene, rng, quality=90)] if number == 0 else [])
+        replies.append(reply)
+    assert replies == [answer for _, answer in turns]
 
 
 @contextmanager
@@ -170,7 +189,7 @@ def newest_image_answers(script, seed: int, chats: int = 10) -> int:
     for _ in range(chats):
         old, new = random_scene(rng, count=1), random_scene(rng, count=1)
         _, history = chat_turn(SHAPE_QUESTIONS[0], new_history(), [picture(old, rng, quality=90)])
-        with embedded_images(script.embedder()) as counts:
+        with embedded_images(script.served_model.embedder(script.params)) as counts:
             reply, _ = chat_turn(SHAPE_QUESTIONS[0], history, [picture(new, rng, quality=90)])
         right += reply == single_answers(new)["shape"]
         assert counts == [2 if script.params["add_all_images_to_prompt"] else 1]
@@ -188,7 +207,7 @@ def test_add_all_images_on_and_off_answers_are_about_the_newest_image(host, add_
 
 def test_the_host_answers_as_transformers_does(demo):
     """Greedy replies through the host equal `generate(**processor(text, images))` on the same stored pictures."""
-    from extensions.multimodal.image_codec import tag_b64_to_image
+    from extensions.multimodal.core.image_codec import tag_b64_to_image
     from tests.multimodal_fake_pipeline import tag_payloads
 
     red, blue = one_shape("red", "star", 71), one_shape("blue", "circle", 72)
@@ -207,14 +226,23 @@ def test_the_host_answers_as_transformers_does(demo):
 # -- The tools --------------------------------------------------------------------------------
 
 def test_eval_script_measures_through_the_host():
-    """A few fresh questions per kind; the last line is the JSON of accuracies."""
-    result = subprocess.run([sys.executable, "-m", "tools.demo_model.eval", "--n", "10", "--kinds", "shape", "colour",
-                             "count", "order", "--threads", "1"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+    """A few fresh questions per kind; follow-ups per turn, with a count of replies that ask for a
+    picture and one of the misses that the same question also misses as a chat's first; the last line
+    is the JSON of accuracies."""
+    result = subprocess.run([sys.executable, "-m", "tools.demo_model.eval", "--n", "12", "--kinds", "shape", "colour",
+                             "count", "order", "follow-count", "follow-position", "--threads", "1"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     accuracies = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(accuracies) == {"shape", "colour", "count", "order"}
+    asking = accuracies.pop("asking_for_a_picture")
+    for kind in ("count", "position"):
+        missed_alone = accuracies.pop(f"follow-{kind}:missed alone")
+        misses = sum(round(12 * (1 - accuracies[f"follow-{kind}@{turn}"])) for turn in (2, 3, 4))
+        assert isinstance(missed_alone, int) and 0 <= missed_alone <= misses
+    follow_ups = {f"follow-{kind}@{turn}" for kind in ("count", "position") for turn in (2, 3, 4)}
+    assert set(accuracies) == {"shape", "colour", "count", "order"} | follow_ups
     assert all(value >= 0.8 for value in accuracies.values()), accuracies
+    assert asking == 0
 
 
 def test_eval_script_draws_with_the_independent_renderer():
@@ -233,7 +261,8 @@ def test_training_script_smoke_run_saves_a_loadable_model(tmp_path):
 
     out = tmp_path / "demo"
     trained = train.main(["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2",
-                          "--steps", "3", "--vision-batch-size", "4", "--batch-size", "4",
+                          "--steps", "3", "--polish-steps", "3", "--converse-steps", "3",
+                          "--vision-batch-size", "4", "--batch-size", "4",
                           "--check-n", "2", "--threads", "1", "--out", str(out)])
     model = AutoModelForImageTextToText.from_pretrained(out)
     processor = AutoProcessor.from_pretrained(out)

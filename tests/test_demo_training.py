@@ -6,14 +6,17 @@
   reading order.
 - The processor crops nothing: a mark at a picture's very edge reaches the model's pixels.
 - Training is reproducible bit for bit from its seed (two short runs, byte-identical weights), also
-  when a run is split with `--resume`; stage 3 tunes the tower that stage 2 keeps frozen.
+  when a run is split with `--resume`; stages 3 and 4 tune the tower that stage 2 keeps frozen.
 - The language model gets the CLS row and every patch row; stage 1's probes ask for what each
   phase is meant to teach (the CLS heads late and ramped, every row in the spread phase).
+- Stage 4's conversations: several text-only follow-ups about the newest picture, every kind at every
+  turn, answered from that picture; a reply asks for a picture only before the first one.
 """
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 import numpy as np
 import pytest
@@ -22,12 +25,13 @@ from PIL import Image
 from transformers import LlavaForConditionalGeneration
 
 from tools.demo_model.pictures import (
-    COLOURS, CENTER, CELL_HALF, SHAPES, draw_scene, patch_labels, picture, random_scene, scene_labels,
+    COLOURS, CENTER, CELL_HALF, POSITIONS, SHAPES, draw_scene, patch_labels, picture, random_scene, scene_labels,
 )
 from tools.demo_model.architecture import (
     GRID, build_model, build_processor, build_tokenizer, image_features, vision_parameters,
 )
-from tools.demo_model.chats import IMAGE_TOKENS
+from tools.demo_model.chats import IMAGE_MARK, IMAGE_TOKENS, PRESENCE_QUESTIONS, QUESTIONS_OF, TEXT_CHAT
+from tools.demo_model.conversations import conversation_sample
 from tools.demo_model.vision_stage import VisionProbe, picture_weight, presence, probe_targets
 from tools.demo_model.train import main as train
 
@@ -98,8 +102,8 @@ def test_the_processor_keeps_the_whole_picture():
 
 
 TINY_RUN = ["--vision-steps", "3", "--picture-steps", "1", "--spread-steps", "2", "--steps", "2",
-            "--polish-steps", "2", "--vision-batch-size", "4", "--batch-size", "2", "--check-n", "1",
-            "--threads", "2"]
+            "--polish-steps", "2", "--converse-steps", "2", "--vision-batch-size", "4", "--batch-size", "2",
+            "--check-n", "1", "--threads", "2"]
 
 
 def test_training_is_reproducible_bit_for_bit(tmp_path):
@@ -113,28 +117,34 @@ def test_training_is_reproducible_bit_for_bit(tmp_path):
 
 
 def test_the_resume_chain_gives_the_bytes_of_one_run(tmp_path):
-    """Stage 1, then `--resume-at spread`, `--resume` (stage 2) and `--resume-at polish` (how long
-    runs are split) == one run."""
+    """Stage 1, then `--resume-at spread`, `--resume` (stage 2), `--resume-at polish` and
+    `--resume-at converse` (how long runs are split) == one run."""
     train(TINY_RUN + ["--out", str(tmp_path / "whole")])
-    no_more = ["--steps", "0", "--polish-steps", "0"]
+    no_more = ["--steps", "0", "--polish-steps", "0", "--converse-steps", "0"]
     train(TINY_RUN + ["--spread-steps", "0", *no_more, "--out", str(tmp_path / "tower")])
     train(TINY_RUN + ["--resume", str(tmp_path / "tower"), "--resume-at", "spread", *no_more,
                       "--out", str(tmp_path / "spread")])
-    train(TINY_RUN + ["--resume", str(tmp_path / "spread"), "--polish-steps", "0", "--out", str(tmp_path / "chat")])
-    train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", "--out", str(tmp_path / "chained")])
-    runs = ("whole", "chained", "tower", "chat")
+    train(TINY_RUN + ["--resume", str(tmp_path / "spread"), "--polish-steps", "0", "--converse-steps", "0",
+                      "--out", str(tmp_path / "chat")])
+    train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", "--converse-steps", "0",
+                      "--out", str(tmp_path / "polish")])
+    train(TINY_RUN + ["--resume", str(tmp_path / "polish"), "--resume-at", "converse",
+                      "--out", str(tmp_path / "chained")])
+    runs = ("whole", "chained", "tower", "chat", "polish")
     weights = {run: (tmp_path / run / "model.safetensors").read_bytes() for run in runs}
     assert weights["whole"] == weights["chained"]
-    assert weights["whole"] not in (weights["tower"], weights["chat"])
+    assert weights["whole"] not in (weights["tower"], weights["chat"], weights["polish"])
 
 
-def test_stage_3_tunes_the_tower_that_stage_2_keeps(tmp_path):
-    """Stage 2 trains the language model on a frozen tower; stage 3 trains both (the tower at its own
-    rate, or not at all with rate 0)."""
-    train(TINY_RUN + ["--polish-steps", "0", "--out", str(tmp_path / "chat")])
+@pytest.mark.parametrize("rate_flag, skipped", [("--polish-tower-lr", "--converse-steps"),
+                                                 ("--converse-tower-lr", "--polish-steps")])
+def test_stages_3_and_4_tune_the_tower_that_stage_2_keeps(tmp_path, rate_flag, skipped):
+    """Stage 2 trains the language model on a frozen tower; stage 3 (and stage 4, each run here alone
+    after stage 2) trains both, the tower at its own rate, or not at all with rate 0."""
+    train(TINY_RUN + ["--polish-steps", "0", "--converse-steps", "0", "--out", str(tmp_path / "chat")])
     for run, rate in (("tuned", "1e-3"), ("kept", "0")):
-        train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", "--polish-tower-lr", rate,
-                          "--out", str(tmp_path / run)])
+        train(TINY_RUN + ["--resume", str(tmp_path / "chat"), "--resume-at", "polish", rate_flag, rate,
+                          skipped, "0", "--out", str(tmp_path / run)])
     flat = lambda params: torch.cat([p.flatten() for p in params])
     models = {run: LlavaForConditionalGeneration.from_pretrained(tmp_path / run) for run in ("chat", "tuned", "kept")}
     tower = {run: flat(vision_parameters(model)) for run, model in models.items()}
@@ -180,3 +190,76 @@ def test_the_spread_phase_asks_every_row_what_its_picture_holds():
     loss = lambda features, every_row: probe.loss(features, patches, scenes, 1.0, every_row).item()
     assert loss(only_cls, every_row=True) > loss(only_cls, every_row=False) + 0.5
     assert loss(everywhere, every_row=True) == pytest.approx(loss(only_cls, every_row=False), abs=1e-3)
+
+
+# -- Stage 4's conversations ---------------------------------------------------------------------
+
+def user_turns(sample) -> list[tuple[str, str, list]]:
+    """(user text, answer, the scenes of its message's real pictures) per turn, system message left out."""
+    messages = [m for m in sample.messages if m["role"] != "system"]
+    scenes, turns = iter(sample.scenes), []
+    for user, answer in zip(messages[::2], messages[1::2]):
+        pictures = [next(scenes) for _ in range(user["content"].count(IMAGE_MARK))]
+        turns.append((user["content"], answer["content"], pictures))
+    return turns
+
+
+def follow_up_check(question: str, answer: str, scene) -> tuple[str, bool] | None:
+    """(kind, right) for a text-only question about `scene`, worked out here from the scene, not by
+    the chat builder's answer functions; None for chit-chat."""
+    if question in TEXT_CHAT:
+        return None
+    said, colours = answer.lower(), [item.colour for item in scene.items]
+    tokens = re.findall(r"[a-z]+", said)
+    words = set(tokens)
+    for template in PRESENCE_QUESTIONS:
+        for colour in COLOURS:
+            if question == template.format(a="an" if colour[0] in "aeiou" else "a", colour=colour):
+                return "presence", answer == ("Yes." if colour in colours else "No.")
+    kind = next(kind for kind, questions in QUESTIONS_OF.items() if question in questions)
+    item = scene.items[0]
+    right = {
+        "shape": lambda: len(colours) == 1 and words & set(SHAPES) == {item.shape},
+        "colour": lambda: len(colours) == 1 and words & set(COLOURS) == {item.colour},
+        "count": lambda: words & {"one", "two"} == {["one", "two"][len(colours) - 1]},
+        "position": lambda: len(colours) == 1 and [p for p in POSITIONS if p in said] == [POSITIONS[item.cell]],
+        "describe": lambda: all(f"{i.colour} {i.shape}" in said for i in scene.items)
+        and sum(token in SHAPES for token in tokens) == len(colours),
+    }[kind]()
+    return kind, right
+
+
+def test_conversations_ask_for_a_picture_only_before_the_first_one():
+    rng = random.Random(3)
+    asked_before, asked_after, replies_after = 0, 0, 0
+    for _ in range(400):
+        sample = conversation_sample(rng)
+        assert None not in sample.images and all(sample.answers), "every picture real, every answer trained"
+        shown = False
+        for _, answer, pictures in user_turns(sample):
+            shown = shown or bool(pictures)
+            asks = "send me a picture" in answer.lower()
+            asked_before += asks and not shown
+            asked_after += asks and shown
+            replies_after += shown
+    assert asked_before > 20 and replies_after > 500
+    assert asked_after == 0
+
+
+def test_conversations_hold_several_follow_ups_of_every_kind_answered_from_the_newest_picture():
+    rng = random.Random(4)
+    seen = {}  # (kind, its number among the follow-ups after its picture, 3 = third or later) -> count
+    for _ in range(600):
+        newest, since = None, 0
+        for user, answer, pictures in user_turns(conversation_sample(rng)):
+            if pictures:
+                newest, since = (pictures[0] if len(pictures) == 1 else None), 0
+                continue
+            checked = follow_up_check(user, answer, newest) if newest is not None else None
+            if checked is None:
+                continue
+            kind, right = checked
+            assert right, (user, answer, newest)
+            since += 1
+            seen[kind, min(since, 3)] = seen.get((kind, min(since, 3)), 0) + 1
+    assert all(seen.get((kind, n), 0) >= 10 for kind in [*QUESTIONS_OF, "presence"] for n in (1, 2, 3)), seen

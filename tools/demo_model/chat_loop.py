@@ -1,4 +1,4 @@
-"""The training loop both chat stages (2 and 3) run, and its quick check.
+"""The training loop the chat stages (2, 3 and 4) run, and its quick check.
 
 In: a model, the parameter groups to train (each with its "peak" rate), a sampler of chats and a
 loss. Out: the model trained in place; every `ChatRun.every` steps a quick check through Hugging
@@ -15,13 +15,14 @@ import torch
 
 from tools.demo_model.architecture import vision_parameters
 from tools.demo_model.chat_batches import collate
-from tools.demo_model.chats import Sample, presence_turn, single_image_turn, text_turn, two_image_turn
+from tools.demo_model.chats import Sample, Turn, presence_turn, single_image_turn, text_turn, two_image_turn
+from tools.demo_model.conversations import follow_up_turn
 from tools.demo_model.schedule import set_lr
 
 
 @dataclass(frozen=True)
 class ChatRun:
-    """How a chat stage's loop runs, the same for stages 2 and 3."""
+    """How a chat stage's loop runs, the same for stages 2, 3 and 4."""
     batch_size: int
     device: str
     checkpoint: Callable[[], None] | None = None  # saves the model; None: no checks, no checkpoints
@@ -73,21 +74,34 @@ def quick_check(model, processor, device, n: int = 32) -> dict[str, float]:
     `generate(**processor(...))`: cheap, so it can run during training (`eval` measures through the host)."""
     model.eval()
     rng = random.Random(999)
-    makers = {"shape": lambda: single_image_turn(rng, "shape"), "colour": lambda: single_image_turn(rng, "colour"),
-              "count": lambda: single_image_turn(rng, "count"), "position": lambda: single_image_turn(rng, "position"),
-              "describe": lambda: single_image_turn(rng, "describe"), "order": lambda: two_image_turn(rng, "order"),
-              "presence": lambda: presence_turn(rng),
-              "text": lambda: text_turn(rng)}
+    makers = {"shape": lambda: [single_image_turn(rng, "shape")], "colour": lambda: [single_image_turn(rng, "colour")],
+              "count": lambda: [single_image_turn(rng, "count")],
+              "position": lambda: [single_image_turn(rng, "position")],
+              "describe": lambda: [single_image_turn(rng, "describe")], "order": lambda: [two_image_turn(rng, "order")],
+              "presence": lambda: [presence_turn(rng)], "text": lambda: [text_turn(rng)],
+              "follow": lambda: follow_up_chat(rng)}
     tokenizer = processor.tokenizer
     tokenizer.padding_side = "left"
     scores = {}
     for kind, make in makers.items():
-        turns = [make() for _ in range(n)]
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t.user}], tokenize=False,
-                                                 add_generation_prompt=True) for t in turns]
-        images = [image for t in turns for image in t.images] or None
+        chats = [make() for _ in range(n)]  # each: the turns of one chat; the last one's answer is asked for
+        prompts = [tokenizer.apply_chat_template(messages_before_answer(chat), tokenize=False,
+                                                 add_generation_prompt=True) for chat in chats]
+        images = [image for chat in chats for turn in chat for image in turn.images] or None
         inputs = processor(text=prompts, images=images, return_tensors="pt", padding=True).to(device)
         out = model.generate(**inputs, max_new_tokens=16, do_sample=False)
         replies = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        scores[kind] = round(sum(r.strip() == t.answer for r, t in zip(replies, turns)) / n, 3)
+        scores[kind] = round(sum(r.strip() == chat[-1].answer for r, chat in zip(replies, chats)) / n, 3)
     return scores
+
+
+def follow_up_chat(rng: random.Random) -> list[Turn]:
+    """A question with a picture, then a text-only question about that picture."""
+    first = single_image_turn(rng)
+    return [first, follow_up_turn(rng, first.scenes[0])]
+
+
+def messages_before_answer(turns: list[Turn]) -> list[dict]:
+    messages = [{"role": role, "content": text} for turn in turns
+                for role, text in (("user", turn.user), ("assistant", turn.answer))]
+    return messages[:-1]

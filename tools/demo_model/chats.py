@@ -180,17 +180,37 @@ def presence_turn(rng: random.Random) -> Turn:
         scenes = [random_scene(rng, count=2)]
     else:
         scenes = [random_scene(rng, count=1) for _ in range(2)]
+    colour, question, answer = presence_question(rng, scenes)
+    holder = next((i for i, scene in enumerate(scenes) if colour in {item.colour for item in scene.items}), 2)
+    return Turn(with_images(len(scenes), question, rng), answer, [picture(s, rng) for s in scenes], "presence",
+                scenes, (colour, holder))
+
+
+def presence_question(rng: random.Random, scenes: list[Scene]) -> tuple[str, str, str]:
+    """(colour, question, answer): a colour the pictures hold half the time, any colour otherwise."""
     present = [item.colour for scene in scenes for item in scene.items]
     colour = rng.choice(present) if rng.random() < 0.5 else rng.choice(list(COLOURS))
     question = rng.choice(PRESENCE_QUESTIONS).format(a=article(colour), colour=colour)
-    holder = next((i for i, scene in enumerate(scenes) if colour in {item.colour for item in scene.items}), 2)
-    return Turn(with_images(len(scenes), question, rng), "Yes." if colour in present else "No.",
-                [picture(s, rng) for s in scenes], "presence", scenes, (colour, holder))
+    return colour, question, "Yes." if colour in present else "No."
 
 
-def text_turn(rng: random.Random) -> Turn:
+def text_turn(rng: random.Random, picture_shown: bool = False) -> Turn:
     prompt = rng.choice(list(TEXT_CHAT))
-    return Turn(prompt, TEXT_CHAT[prompt])
+    return Turn(prompt, text_answer(prompt, picture_shown))
+
+
+# Once a picture is in the chat, asking for one is wrong: these canned replies drop the request.
+AFTER_PICTURE = {
+    GREETING: "Hello! Ask me about the picture.",
+    "I am fine, thank you. Send me a picture!": "I am fine, thank you.",
+    "I only know about shapes. Send me a picture!": "I only know about shapes.",
+}
+PICTURE_REQUEST = "send me a picture"  # in every canned reply that asks for one (lower case)
+
+
+def text_answer(prompt: str, picture_shown: bool) -> str:
+    answer = TEXT_CHAT[prompt]
+    return AFTER_PICTURE.get(answer, answer) if picture_shown else answer
 
 
 def random_turn(rng: random.Random, weights: tuple[float, float, float] = (6, 2, 1.5)) -> Turn:
@@ -219,10 +239,18 @@ def make_sample(rng: random.Random, earlier_turns: int, last: Turn | None = None
     """
     if real_history is None:
         real_history = rng.random() < 0.6
-    messages: list[dict] = []
-    if rng.random() < 0.1:
-        messages.append({"role": "system", "content": rng.choice(SYSTEM_MESSAGES)})
+    system = system_message(rng)
     turns = [random_turn(rng) for _ in range(earlier_turns)] + [last or random_turn(rng)]
+    return sample_of(turns, real_history, system)
+
+
+def system_message(rng: random.Random) -> str | None:
+    return rng.choice(SYSTEM_MESSAGES) if rng.random() < 0.1 else None
+
+
+def sample_of(turns: list[Turn], real_history: bool, system: str | None = None) -> Sample:
+    """The chat of these turns, all answered; older images real or placeholders (`real_history`)."""
+    messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
     images: list[Image.Image | None] = []
     answers: list[bool] = []
     scenes: list[Scene] = []

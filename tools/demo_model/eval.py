@@ -10,7 +10,17 @@ PNG of each picture), splits the prompt, embeds the images with the llava-hf pip
 `inputs_embeds`; the host generates greedily. Pictures are fresh: drawn from `--seed`, which
 training (seed 0 and its stream) never used, by the training renderer (`pictures`) or by
 `--renderer independent` (`eval_pictures`: other code, other shades, sizes and edges, positions on
-the whole picture). Prints the accuracy per question kind, then one JSON line of those accuracies.
+the whole picture).
+
+First-turn kinds ask about the pictures of the message. Follow-up kinds (`follow-shape` ...) are
+chats as people have them: a picture with a question of another kind at turn 1, then text-only
+turns about that picture (other follow-ups, chit-chat) with the measured question at turn 2, 3 or 4
+(`--n` chats for each turn); every reply after turn 1 that asks for a picture ("Send me a
+picture") is counted too. A follow-up missed is asked again about the same picture as the first
+question of a fresh chat: a miss there too means the picture was misread (a first-turn error), not
+the follow-up. Prints the accuracy per kind (follow-ups per turn), then one JSON line of those
+accuracies ("follow-shape@2" ...), with counts when follow-ups ran: the misses missed alone too
+("follow-shape:missed alone" ...) and "asking_for_a_picture".
 """
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ from tools.demo_model import eval_pictures, pictures
 from tools.demo_model.chats import (
     COUNT_WORDS,
     ORDER_QUESTION,
+    PICTURE_REQUEST,
     PRESENCE_QUESTIONS,
     QUESTIONS_OF,
     SHAPE_QUESTIONS,
@@ -39,7 +50,12 @@ from tools.demo_model.chats import (
 from tools.demo_model.pictures import COLOURS, POSITIONS, SHAPES, Scene
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("shape", "colour", "count", "position", "describe", "order", "yesno", "history", "text")
+FIRST_TURN = ("shape", "colour", "count", "position", "describe", "order", "yesno", "history", "text")
+# Text-only questions about the picture of turn 1, asked at turn 2, 3 or 4 ("follow-shape" ...).
+FOLLOW_UPS = ("shape", "colour", "count", "position", "describe", "yesno")
+FOLLOW_TURNS = (2, 3, 4)
+KINDS = FIRST_TURN + tuple(f"follow-{kind}" for kind in FOLLOW_UPS)
+ONE_SHAPE = ("shape", "colour", "position")  # asked of one-shape pictures only
 
 
 class Renderer(NamedTuple):
@@ -123,15 +139,30 @@ def new_history() -> dict:
     return {"internal": [], "visible": []}
 
 
+def question_about(kind: str, scene: Scene, rng: random.Random) -> tuple[str, Callable[[str], bool]]:
+    """The README's question of this kind (a FOLLOW_UPS kind) about `scene`, and its reply's check.
+    "Is there a blue shape?" names one of the picture's colours half the time."""
+    if kind == "yesno":
+        present = {item.colour for item in scene.items}
+        colour = rng.choice(sorted(present)) if rng.random() < 0.5 else rng.choice(list(COLOURS))
+        question = PRESENCE_QUESTIONS[0].format(a=article(colour), colour=colour)
+        return question, lambda reply: words(reply) & {"yes", "no"} == {"yes" if colour in present else "no"}
+    return QUESTIONS_OF[kind][0], lambda reply: is_right(kind, reply, [scene], None)
+
+
+def asks_for_picture(reply: str) -> bool:
+    return PICTURE_REQUEST in reply.lower()
+
+
 def ask(kind: str, rng: random.Random, renderer: str = "training") -> bool:
-    """One fresh question of this kind through the host; True when answered right."""
+    """One fresh question of this kind (a FIRST_TURN kind) through the host; True when answered right."""
     chosen = RENDERERS[renderer]
     if kind in ASK_WHOLE_CHAT:
         return ASK_WHOLE_CHAT[kind](rng, chosen)
-    one_shape = kind in ("shape", "colour", "position")
-    scene = chosen.random_scene(rng, count=1 if one_shape else None)
-    reply, _ = chat_turn(QUESTIONS_OF[kind][0], new_history(), [chosen.picture(scene, rng)])
-    return is_right(kind, reply, [scene], None)
+    scene = chosen.random_scene(rng, count=1 if kind in ONE_SHAPE else None)
+    question, check = question_about(kind, scene, rng)
+    reply, _ = chat_turn(question, new_history(), [chosen.picture(scene, rng)])
+    return check(reply)
 
 
 def ask_text(rng: random.Random, renderer: Renderer) -> bool:
@@ -152,11 +183,9 @@ def ask_order(rng: random.Random, renderer: Renderer) -> bool:
 def ask_yesno(rng: random.Random, renderer: Renderer) -> bool:
     """"Is there a blue shape?" about one picture: its colour half the time."""
     scene = renderer.random_scene(rng)
-    present = {item.colour for item in scene.items}
-    colour = rng.choice(sorted(present)) if rng.random() < 0.5 else rng.choice(list(COLOURS))
-    question = PRESENCE_QUESTIONS[0].format(a=article(colour), colour=colour)
+    question, check = question_about("yesno", scene, rng)
     reply, _ = chat_turn(question, new_history(), [renderer.picture(scene, rng)])
-    return words(reply) & {"yes", "no"} == {"yes" if colour in present else "no"}
+    return check(reply)
 
 
 def ask_history(rng: random.Random, renderer: Renderer) -> bool:
@@ -173,11 +202,65 @@ ASK_WHOLE_CHAT: dict[str, Callable[[random.Random, Renderer], bool]] = {
 }
 
 
+class FollowUp(NamedTuple):
+    right: bool  # the follow-up of the kind measured
+    asking: int  # replies after turn 1 that ask for a picture (one is in the chat already)
+    replies: int  # replies after turn 1
+    # A miss that the same question about the same picture, first in a fresh chat, misses too: the
+    # picture was misread, not the follow-up (False when the follow-up is right).
+    missed_alone: bool
+
+
+def ask_follow_up(kind: str, turn: int, rng: random.Random, renderer: Renderer) -> FollowUp:
+    """A chat as people have them: a picture with a question of another kind (turn 1), other
+    follow-ups about it or chit-chat (turns 2 to `turn` - 1), then `kind` about it at `turn`, all
+    text-only (the picture is in the history). `kind` is asked once: its answer is not in the chat yet."""
+    scene = renderer.random_scene(rng, count=1 if kind in ONE_SHAPE else None)
+    others = [k for k in FOLLOW_UPS if k != kind and (k not in ONE_SHAPE or len(scene.items) == 1)]
+    question, _ = question_about(rng.choice(others), scene, rng)
+    shown = renderer.picture(scene, rng)
+    _, history = chat_turn(question, new_history(), [shown])
+    asking = 0
+    for _ in range(turn - 2):
+        if rng.random() < 0.25:
+            text = rng.choice(list(TEXT_CHAT))
+        else:
+            text, _ = question_about(rng.choice(others), scene, rng)
+        reply, history = chat_turn(text, history, [])
+        asking += asks_for_picture(reply)
+    question, check = question_about(kind, scene, rng)
+    reply, _ = chat_turn(question, history, [])
+    right = check(reply)
+    # Only on a miss, and drawing nothing from `rng`: the accuracies are those of a run without it.
+    missed_alone = not right and not check(chat_turn(question, new_history(), [shown])[0])
+    return FollowUp(right, asking + asks_for_picture(reply), turn - 1, missed_alone)
+
+
+def measure_follow_up(kind: str, rng: random.Random, renderer: str, n: int) -> tuple[dict[str, float], int]:
+    """n chats per turn, asking at turn 2, 3 and 4 in turn: accuracy per turn ("follow-shape@2" ...),
+    the misses that the same question misses as the first about the picture ("follow-shape:missed
+    alone", a count), and how many replies after turn 1 asked for a picture."""
+    results = [(turn, ask_follow_up(kind.removeprefix("follow-"), turn, rng, RENDERERS[renderer]))
+               for turn in (FOLLOW_TURNS[i % len(FOLLOW_TURNS)] for i in range(n * len(FOLLOW_TURNS)))]
+    accuracies, line = {}, []
+    for turn in FOLLOW_TURNS:
+        rights = [result.right for at, result in results if at == turn]
+        accuracies[f"{kind}@{turn}"] = round(sum(rights) / len(rights), 4)
+        line.append(f"turn {turn} {sum(rights)}/{len(rights)} {sum(rights) / len(rights):.1%}")
+    asking, replies = sum(r.asking for _, r in results), sum(r.replies for _, r in results)
+    misses = sum(not r.right for _, r in results)
+    accuracies[f"{kind}:missed alone"] = sum(r.missed_alone for _, r in results)
+    print(f"{kind:16s} {'  '.join(line)}  misses also missed alone {accuracies[f'{kind}:missed alone']}/{misses}"
+          f"  asking for a picture {asking}/{replies}", end="  ")
+    return accuracies, asking
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-llava-shapes")
     parser.add_argument("--seed", type=int, default=20261122, help="a seed training never used")
-    parser.add_argument("--n", type=int, default=100, help="questions per kind")
+    parser.add_argument("--n", type=int, default=100,
+                        help="questions per kind (follow-up kinds: per turn, so 3n chats)")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--renderer", choices=list(RENDERERS), default="training",
@@ -187,12 +270,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     load_host(args.model, args.threads, None if args.add_all_images is None else args.add_all_images == "on")
     accuracies: dict[str, float] = {}
+    asking = 0
     for kind in args.kinds:
         rng = random.Random(f"{args.seed}-{kind}")
         start = time.time()
-        right = sum(ask(kind, rng, args.renderer) for _ in range(args.n))
-        accuracies[kind] = round(right / args.n, 4)
-        print(f"{kind:9s} {right:4d}/{args.n}  {accuracies[kind]:.1%}  ({time.time() - start:.0f} s)", flush=True)
+        if kind in FIRST_TURN:
+            right = sum(ask(kind, rng, args.renderer) for _ in range(args.n))
+            accuracies[kind] = round(right / args.n, 4)
+            print(f"{kind:16s} {right:4d}/{args.n}  {accuracies[kind]:.1%}", end="  ")
+        else:
+            measured, asked = measure_follow_up(kind, rng, args.renderer, args.n)
+            accuracies.update(measured)
+            asking += asked
+        print(f"({time.time() - start:.0f} s)", flush=True)
+    if any(kind not in FIRST_TURN for kind in args.kinds):
+        accuracies["asking_for_a_picture"] = asking  # a count: follow-up replies that ask for one
     print(json.dumps(accuracies))
     return accuracies
 

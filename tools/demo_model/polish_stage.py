@@ -3,11 +3,13 @@
 In: a model after stage 2 (`chat_stage`). Out: everything trained, the tower at its own lower rate,
 no probes, on a mix in which half the chats describe a two-shape picture: the answer that needs the
 most from the tower (both shapes and colours in reading order) and the one stage 2 leaves weakest;
-here its loss reaches the tower too. The other half is stage 2's late mix.
+here its loss reaches the tower too. The other half is stage 2's late mix. Stage 4
+(`converse_stage`) runs this stage's loop (`train_whole_model`) on conversations.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -27,14 +29,22 @@ def polish_sample(rng: random.Random) -> Sample:
     return chat_sample(rng, 1.0)
 
 
-def polish_chats(model, tokenizer, processor, run: ChatRun, *, steps: int, lr: float, tower_lr: float,
-                 seed: int) -> None:
-    """Stage 3: the whole model on chats, the tower at `tower_lr` (0: frozen), no probes. Its own
-    seeds, so `--resume-at polish` from stage 2's checkpoint gives what a full run gives."""
-    rng = random.Random(seed + 5)
-    torch.manual_seed(seed + 5)
+def train_whole_model(model, tokenizer, processor, run: ChatRun, *, sample: Callable[[random.Random], Sample],
+                      steps: int, lr: float, tower_lr: float, seed: int, label: str) -> None:
+    """`steps` batches of `sample(rng)`, no probes: the language model at peak `lr`, the tower and
+    projector at `tower_lr` (0: frozen). `seed` seeds the stage's own streams (its chats and torch's),
+    so resuming a saved model at this stage gives what a full run gives."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
     groups = [{"params": language_parameters(model), "peak": lr}]
     if tower_lr > 0:
         groups.append({"params": vision_parameters(model), "peak": tower_lr})
-    run_steps(model, tokenizer, processor, run, groups=groups, sample=lambda step: polish_sample(rng),
-              steps=steps, loss_of=lambda batch: chat_loss(model, None, batch), label="polish")
+    run_steps(model, tokenizer, processor, run, groups=groups, sample=lambda step: sample(rng),
+              steps=steps, loss_of=lambda batch: chat_loss(model, None, batch), label=label)
+
+
+def polish_chats(model, tokenizer, processor, run: ChatRun, *, steps: int, lr: float, tower_lr: float,
+                 seed: int) -> None:
+    """Stage 3: the whole model on `polish_sample`'s chats (`--resume-at polish` goes on from stage 2)."""
+    train_whole_model(model, tokenizer, processor, run, sample=polish_sample, steps=steps, lr=lr,
+                      tower_lr=tower_lr, seed=seed + 5, label="polish")

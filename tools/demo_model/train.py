@@ -27,11 +27,14 @@ from transformers import LlavaForConditionalGeneration
 from tools.demo_model.architecture import build_model, build_processor, build_tokenizer
 from tools.demo_model.chat_loop import ChatRun, quick_check
 from tools.demo_model.chat_stage import train_chats
+from tools.demo_model.converse_stage import converse_chats
 from tools.demo_model.polish_stage import polish_chats
 from tools.demo_model.vision_stage import pretrain_vision
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "models" / "tiny-llava-shapes"
+# Where a saved model goes on (`--resume-at`), in order: each names the first part it has not had.
+LATER_STAGES = ("spread", "chat", "polish", "converse")
 
 
 def save(model, processor, out: Path) -> None:
@@ -49,12 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     add_vision_arguments(parser)
     add_chat_arguments(parser)
-    parser.add_argument("--resume-at", choices=["spread", "chat", "polish"], default="chat",
+    parser.add_argument("--resume-at", choices=LATER_STAGES, default="chat",
                         help="with --resume: the saved model has had stage 1's main part (spread), all of stage 1 "
-                             "(chat) or stage 2 too (polish)")
+                             "(chat), stage 2 too (polish) or stage 3 too (converse)")
     parser.add_argument("--resume", type=Path,
                         help="a saved model to go on from (see --resume-at): its tower is kept, and its language "
-                             "model only with --resume-at polish")
+                             "model only with --resume-at polish or converse")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (the shipped weights) or cuda (quick experiments)")
@@ -78,13 +81,18 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
-    """Stages 2 and 3's settings."""
+    """Stages 2, 3 and 4's settings."""
     parser.add_argument("--steps", type=int, default=4000, help="stage-2 (chat) steps")
     parser.add_argument("--polish-steps", type=int, default=3000,
                         help="stage-3 steps: the whole model on chats, two-shape descriptions weighted up")
     parser.add_argument("--polish-lr", type=float, default=5e-4, help="stage 3's peak rate for the language model")
     parser.add_argument("--polish-tower-lr", type=float, default=3e-4,
                         help="stage 3's peak rate for the tower and projector (0: frozen)")
+    parser.add_argument("--converse-steps", type=int, default=1000,
+                        help="stage-4 steps: the model on conversations (follow-ups about a picture in the history)")
+    parser.add_argument("--converse-lr", type=float, default=5e-4, help="stage 4's peak rate for the language model")
+    parser.add_argument("--converse-tower-lr", type=float, default=0.0,
+                        help="stage 4's peak rate for the tower and projector (0: frozen)")
     parser.add_argument("--query-weight", type=float, default=1.0, help="stage 2's query-probe loss weight")
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -114,28 +122,38 @@ def main(argv: list[str] | None = None) -> LlavaForConditionalGeneration:
     return model
 
 
+def runs(stage: str, args: argparse.Namespace) -> bool:
+    return args.resume is None or LATER_STAGES.index(stage) >= LATER_STAGES.index(args.resume_at)
+
+
 def run_later_stages(model, tokenizer, processor, args: argparse.Namespace, *, start: float) -> None:
-    """Stage 1's spread phase, stage 2 and stage 3, each skipped where `--resume-at` says the saved
+    """Stage 1's spread phase, stages 2, 3 and 4, each skipped where `--resume-at` says the saved
     model has had it; a checkpoint after each, so a long run can be split with `--resume`."""
     checkpoint = functools.partial(save, model, processor, args.out)
     run = ChatRun(batch_size=args.batch_size, device=args.device, checkpoint=checkpoint, every=args.check_every,
                   check_n=args.check_n)
-    if args.resume is None or args.resume_at == "spread":
+    if runs("spread", args):
         # a fresh probe (its own seeds), the tower at a lower rate than the probe's new heads
         pretrain_vision(model, processor, steps=args.spread_steps, picture_steps=args.spread_steps, picture_ramp=1,
                         batch_size=args.vision_batch_size, lr=args.spread_lr, seed=args.seed + 10,
                         device=args.device, every_row=True, head_lr=args.vision_lr)
         print(f"stage 1's spread phase done in {time.time() - start:.0f}s", flush=True)
         checkpoint()  # `--resume DIR` runs stage 2 from here
-    if args.resume is None or args.resume_at != "polish":
+    if runs("chat", args):
         train_chats(model, tokenizer, processor, run, steps=args.steps, lr=args.lr, seed=args.seed,
                     query_weight=args.query_weight)
         print(f"stage 2 done in {time.time() - start:.0f}s", flush=True)
-        if args.polish_steps:
+        if args.polish_steps or args.converse_steps:
             checkpoint()  # `--resume DIR --resume-at polish` runs stage 3 from here
-    if args.polish_steps:
+    if runs("polish", args) and args.polish_steps:
         polish_chats(model, tokenizer, processor, run, steps=args.polish_steps, lr=args.polish_lr,
                      tower_lr=args.polish_tower_lr, seed=args.seed)
+        print(f"stage 3 done in {time.time() - start:.0f}s", flush=True)
+        if args.converse_steps:
+            checkpoint()  # `--resume DIR --resume-at converse` runs stage 4 from here
+    if args.converse_steps:
+        converse_chats(model, tokenizer, processor, run, steps=args.converse_steps, lr=args.converse_lr,
+                       tower_lr=args.converse_tower_lr, seed=args.seed)
 
 
 if __name__ == "__main__":
