@@ -21,13 +21,22 @@ from modules import shared
 from modules.logging_colors import logger
 
 
+_decided: tuple = (None, False)  # (the model, whether the extension generates for it)
+
+
 def extension_generates(params: dict) -> bool:
     """Whether the extension generates for the loaded model: an image-text checkpoint, in a host that
-    builds `generate()`'s inputs itself."""
+    builds `generate()`'s inputs itself. Decided once per model: every hook asks, and finding the
+    capability imports the pipeline modules (a broken third-party one would log its traceback each time)."""
+    global _decided
     if shared.model is None or loaded_model.host_builds_routes():
         return False
-    serves = module_capability(params, "serves")
-    return bool(serves is not None and serves(shared.model))
+    model, generates = _decided
+    if model is not shared.model:
+        serves = module_capability(params, "serves")
+        generates = bool(serves is not None and serves(shared.model))
+        _decided = (shared.model, generates)
+    return generates
 
 
 def processor_route(params: dict) -> bool:
