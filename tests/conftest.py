@@ -30,7 +30,7 @@ SLOW_MODULES = {
     "test_vlm_families_core.py", "test_vlm_families_host.py", "test_checkpoint_variants.py",  # every family
     "test_browser_chat.py", "test_browser_multimodal.py", "test_browser_demo.py",  # Chromium
     "test_browser_image_budget.py",
-    "test_demo_training.py",  # trains
+    "test_demo_training.py", "test_tower_probe.py",  # train
 }
 SLOW_TESTS = {  # "module::test", without parameters
     "test_demo_model.py::test_training_script_smoke_run_saves_a_loadable_model",
