@@ -8,6 +8,7 @@ import torch
 
 from tests.conftest import ROOT
 from tools.demo_model.architecture import build_model, build_processor, build_tokenizer
+from tools.demo_model.pictures import SHAPES
 from tools.demo_model.tower_probe import Pictures, ShapeReadout, error_rates, measure
 
 SMALL = dict(train=800, test=300, steps=300, seed=101)
@@ -32,7 +33,7 @@ class SecondSlotBlind(ShapeReadout):
         self.truth = truth
 
     def forward(self, rows, colour, slot):
-        logits = torch.zeros(len(rows), 4)
+        logits = torch.zeros(len(rows), len(SHAPES))
         logits[torch.arange(len(rows)), torch.where(slot == 0, self.truth, 0)] = 1
         return logits
 

@@ -25,7 +25,8 @@ import torch
 from transformers import AutoProcessor, LlavaForConditionalGeneration
 
 from tools.demo_model.architecture import image_features
-from tools.demo_model.pictures import COLOURS, SHAPES, picture, random_scene
+from tools.demo_model.pictures import COLOURS, SCENE_SLOTS, SHAPES, picture, random_scene, scene_labels
+from tools.demo_model.schedule import set_lr
 
 ROOT = Path(__file__).resolve().parents[2]
 ASPECTS = {"near square": (0.8, 1.25), "wide": (1.25, np.inf), "tall": (0.0, 0.8)}  # width / height
@@ -46,10 +47,9 @@ def two_shape_pictures(model, processor, seed: int, count: int, batch: int = 500
         scenes = [random_scene(rng, count=2) for _ in range(min(batch, count - start))]
         pixels = processor.image_processor([picture(scene, rng) for scene in scenes], return_tensors="pt")
         rows.append(image_features(model, pixels["pixel_values"]).float())
-        labels += [[(list(COLOURS).index(item.colour), SHAPES.index(item.shape)) for item in scene.items]
-                   for scene in scenes]
+        labels += [scene_labels(scene).reshape(SCENE_SLOTS, 3) for scene in scenes]  # (colour, shape, cell)
         aspects += [scene.size[0] / scene.size[1] for scene in scenes]
-    labels = torch.tensor(labels)
+    labels = torch.from_numpy(np.stack(labels))
     return Pictures(torch.cat(rows), labels[..., 0], labels[..., 1], np.array(aspects))
 
 
@@ -82,12 +82,11 @@ class ShapeReadout(torch.nn.Module):
 def train_readout(data: Pictures, *, steps: int, seed: int, batch: int = 256, lr: float = 2e-3) -> ShapeReadout:
     torch.manual_seed(seed)
     readout = ShapeReadout(data.rows.shape[-1])
-    optimizer = torch.optim.AdamW(readout.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW([{"params": list(readout.parameters()), "peak": lr}])
     for step in range(steps):
         index = torch.randint(0, len(data.rows), (batch,))
         slot = torch.randint(0, 2, (batch,))
-        for group in optimizer.param_groups:
-            group["lr"] = lr * 0.5 * (1 + np.cos(np.pi * step / steps))
+        set_lr(optimizer, step, steps)
         logits = readout(data.rows[index], data.colours[index, slot], slot)
         loss = torch.nn.functional.cross_entropy(logits, data.shapes[index, slot])
         optimizer.zero_grad(set_to_none=True)
