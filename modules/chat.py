@@ -201,7 +201,7 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
         reply = reply.lstrip(" ") if not _continue else reply
         output["internal"][-1] = [text, last_reply[0] + reply]
         output["visible"][-1] = [visible_text, last_reply[1] + html.escape(reply)]
-        if shared.stop_everything:
+        if shared.stop_requested(state):
             break
         if state.get("stream", True):
             yield output
@@ -233,6 +233,16 @@ def chat_prompt(text: str, state: dict, output: dict, _continue: bool) -> str:
     kwargs = {"_continue": _continue, "history": prompt_history}
     prompt = apply_extensions("custom_generate_chat_prompt", text, state, **kwargs)
     return prompt if prompt is not None else generate_chat_prompt(text, state, **kwargs)
+
+
+def unfinished_turn(history: dict, message: str) -> dict:
+    """`history` as a failed generation left it, its last turn kept with the reply so far and `message`
+    under it (visible only), so the user's message and pictures stay for Regenerate."""
+    kept = copy.deepcopy(history)
+    visible = kept["visible"][-1]
+    reply = "" if visible[1] == shared.processing_message else visible[1]
+    visible[1] = reply + notices_html([message])
+    return kept
 
 
 def notices_html(notices: list[str]) -> str:

@@ -162,6 +162,8 @@ EXTENSION_MAP = {
     # ...and the text the model's chat template writes for an image part, where each tag goes when the
     # host renders structured messages (modules/chat_templates.py).
     "image_placeholder": partial(_apply_first, "image_placeholder"),
+    # ...and, with a remote engine (modules/remote_generation.py), a prompt's pictures as the engine takes them.
+    "engine_prompt": partial(_apply_first, "engine_prompt"),
     "css": partial(_apply_custom_css_or_js, "custom_css"),
     "js": partial(_apply_custom_css_or_js, "custom_js"),
 }

@@ -9,6 +9,7 @@
 - original LLaVA checkpoints (`model_type: llava_llama`) load as plain Llama causal LMs; their
   `model.mm_projector.*` tensors stay on disk for the multimodal pipeline to read;
 - everything else loads with `AutoModelForCausalLM`.
+With a remote engine, `load_without_weights(name)` loads all of that but the weights.
 It does not build prompts or generate.
 """
 from __future__ import annotations
@@ -124,15 +125,63 @@ def load_model(model_name: str):
         model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
-    if shared.is_multimodal and getattr(tokenizer, "chat_template", None) is None:
-        tokenizer.chat_template = processor_chat_template(path)
+    tokenizer = load_tokenizer(path)
     if not use_cuda():
         model = model.to("cpu")
     model.eval()
     shared.settings["truncation_length"] = context_length(model, shared.settings["truncation_length"])
     model_settings.apply(path.name)
     return model, tokenizer
+
+
+def engine_model_folder(served_name: str) -> Path:
+    """The folder for a model an engine serves under `served_name`: that name under --model-dir or as a
+    path (vLLM serves a folder under the path it was given), else its last part under --model-dir
+    (`llava-hf/llava-1.5-7b-hf` -> `models/llava-1.5-7b-hf`)."""
+    try:
+        return resolve_model_path(served_name)
+    except FileNotFoundError:
+        last = Path(served_name).name
+        try:
+            return resolve_model_path(last)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"The engine serves {served_name!r}, but no folder {Path(shared.args.model_dir) / last} holds its "
+                f"config, tokenizer and processor files, which the host needs to build prompts (not its weights): "
+                f"e.g. huggingface-cli download {served_name} --exclude '*.safetensors' '*.bin' "
+                f"--local-dir {Path(shared.args.model_dir) / last}") from None
+
+
+def load_without_weights(model_name: str):
+    """For a host whose replies come from a remote engine: the model's structure, config and tokenizer,
+    its weights left out (the engine holds them). Returns `(model, tokenizer)` as `load_model` does.
+
+    The prompt is still built here: the chat template, the tokenizer and the extension's picture costs
+    need the folder's config, tokenizer and processor files, not the weights. The model is built on
+    PyTorch's meta device, which allocates nothing; its input embedding alone is a real tensor, one
+    value broadcast to the embedding's shape, so code that asks where the model takes its inputs
+    (`model_device`) hears the CPU. Nothing runs it."""
+    path = resolve_model_path(model_name)
+    config = read_config_dict(path)
+    shared.is_multimodal = is_image_text_config(config)
+    auto_config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
+    model_class = AutoModelForImageTextToText if shared.is_multimodal else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = model_class.from_config(auto_config, trust_remote_code=shared.args.trust_remote_code)
+    embedding = model.get_input_embeddings()
+    embedding.weight = torch.nn.Parameter(torch.zeros(1).expand(embedding.weight.shape), requires_grad=False)
+    model.eval()
+    tokenizer = load_tokenizer(path)
+    shared.settings["truncation_length"] = context_length(model, shared.settings["truncation_length"])
+    model_settings.apply(path.name)
+    return model, tokenizer
+
+
+def load_tokenizer(path: Path):
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=shared.args.trust_remote_code)
+    if shared.is_multimodal and getattr(tokenizer, "chat_template", None) is None:
+        tokenizer.chat_template = processor_chat_template(path)
+    return tokenizer
 
 
 def processor_chat_template(path: Path) -> str | None:

@@ -27,9 +27,13 @@ gradio: dict[str, Any] = {}
 # start-up by server.py; None when none are loaded.
 logits_processors: Any = None
 
-# One generation at a time, for the UI and the API alike.
+# The remote engine that generates replies (a modules.engine.RemoteEngine), or None: the local model.
+engine: Any = None
+# The local model generates one reply at a time, for the UI and the API alike.
 generation_lock = threading.Lock()
 stop_everything = False
+# A generation's own stop: `state[STOP_EVENT]`, a threading.Event the UI sets from the session's Stop button.
+STOP_EVENT = "stop_event"
 processing_message = "*Is typing...*"
 
 # Every generation parameter lives here, so `dict(settings)` plus overrides is a valid `state`.
@@ -75,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--no-prefix-cache", action="store_true",
                        help="Do not reuse the previous generation's KV cache for a shared prompt prefix.")
 
+    group = parser.add_argument_group("Engine")
+    group.add_argument("--engine-url", type=str, default=None, metavar="URL",
+                       help="Generate through a running vLLM server's OpenAI-compatible API, e.g. "
+                            "http://127.0.0.1:8000/v1 (started with --trust-request-chat-template). --model then "
+                            "names the served model (default: the one it serves); its folder under --model-dir "
+                            "needs its config, tokenizer and processor files, not its weights.")
+    group.add_argument("--engine-api-key", type=str, default="", metavar="KEY",
+                       help="The key the engine was started with (vLLM's --api-key), sent as 'Authorization: Bearer KEY'.")
+    group.add_argument("--engine-timeout", type=float, default=120.0, metavar="SECONDS",
+                       help="How long to wait for the engine's next piece of a reply (default: 120).")
+
     group = parser.add_argument_group("Extensions")
     group.add_argument("--extensions", type=str, nargs="+", default=[], help="Extensions to load, by folder name.")
     group.add_argument("--multimodal-pipeline", type=str, default=None,
@@ -89,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--listen-host", type=str, help="The host name or address to bind the UI to.")
     group.add_argument("--listen-port", type=int, default=7860, help="The UI port (default: 7860).")
     group.add_argument("--nowebui", action="store_true", help="Do not start the Gradio UI (use with --api).")
+    group.add_argument("--gradio-auth", type=str, default=None, metavar="USER:PWD",
+                       help="Ask for a login on the UI: USER:PASSWORD, or several as U1:P1,U2:P2.")
+    group.add_argument("--gradio-auth-path", type=str, default=None, metavar="FILE",
+                       help="Read the UI's logins from FILE: USER:PASSWORD pairs, one per line or comma-separated.")
 
     group = parser.add_argument_group("API")
     group.add_argument("--api", action="store_true", help="Start the OpenAI-compatible API.")
@@ -97,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--api-allow-private-urls", action="store_true",
                        help="Let the API and extensions (modules.web_search.safe_get) fetch URLs on loopback, private and link-local addresses.")
     return parser
+
+
+def stop_requested(state: dict) -> bool:
+    """Whether the reply being generated for `state` should stop: its own stop, or everything's."""
+    event = state.get(STOP_EVENT)
+    return stop_everything or (event is not None and event.is_set())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Generator, Iterable, Iterator
 
@@ -40,6 +40,7 @@ from modules.extensions import apply_extensions, iterator
 from modules.logging_colors import logger
 from modules.logits_processors import RequestParams
 from modules.models import model_device
+from modules.remote_generation import remote_replies
 
 
 def encode(prompt: str, add_special_tokens: bool = True, add_bos_token: bool = True,
@@ -123,11 +124,12 @@ class TokenQueue(BaseStreamer):
 
 
 class StopOnEvent(StoppingCriteria):
-    def __init__(self, event: threading.Event):
+    def __init__(self, event: threading.Event, state: dict):
         self.event = event
+        self.state = state
 
     def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
-        stop = self.event.is_set() or shared.stop_everything
+        stop = self.event.is_set() or shared.stop_requested(self.state)
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
@@ -266,7 +268,7 @@ def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
     first = [batch_processors] if batch_processors is not None else []
     processors = apply_extensions("logits_processor", LogitsProcessorList(first), input_ids)
     kwargs["logits_processor"] = LogitsProcessorList(processors)
-    kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnEvent(stop_event)])
+    kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnEvent(stop_event, state)])
     kwargs["return_dict_in_generate"] = True
     return kwargs, prompt_embeds
 
@@ -301,9 +303,12 @@ def partial_stop_index(text: str, stopping_strings: list[str]) -> int:
 
 def generate_reply(question: str, state: dict, stopping_strings: list[str] | None = None, is_chat: bool = False,
                    escape_html: bool = False, for_ui: bool = False) -> Iterator[str]:
-    """Yields the cumulative reply. Records counts in `state['generation_stats']`."""
-    with shared.generation_lock:
-        shared.stop_everything = False
+    """Yields the cumulative reply. Records counts in `state['generation_stats']`. The local model
+    generates one reply at a time; a remote engine takes replies side by side."""
+    concurrent = shared.engine is not None and shared.engine.concurrent
+    with nullcontext() if concurrent else shared.generation_lock:
+        if not concurrent:
+            shared.stop_everything = False  # a stop meant for the reply before this one
         yield from _generate_reply(question, state, stopping_strings, is_chat)
 
 
@@ -325,7 +330,7 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
     generate_func = custom if custom is not None else generate_reply_HF
     started = time.time()
     replies = generate_func(question, original_question, state, stopping_strings, is_chat=is_chat)
-    reply = yield from cut_at_stops(replies, stops, stats)
+    reply = yield from cut_at_stops(replies, stops, stats, state)
     if custom is not None:
         count_custom_tokens(question, reply, stats)
     if not is_chat:
@@ -337,7 +342,7 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
     yield reply
 
 
-def cut_at_stops(replies: Iterable[str], stops: list[str], stats: dict) -> Generator[str, None, str]:
+def cut_at_stops(replies: Iterable[str], stops: list[str], stats: dict, state: dict) -> Generator[str, None, str]:
     """Yields each cumulative reply, holding back a possible start of a stopping string; returns the
     last reply, cut before the first stopping string. Ends at that string or at the stop button."""
     replies = iter(replies)
@@ -349,9 +354,9 @@ def cut_at_stops(replies: Iterable[str], stops: list[str], stats: dict) -> Gener
                 stats["finish_reason"] = "stop"
                 return reply[:hit]
             yield reply[:partial_stop_index(reply, stops)] if stops else reply
-            if shared.stop_everything:
+            if shared.stop_requested(state):
                 break
-        if shared.stop_everything:  # also when the host's model stopped itself on the flag
+        if shared.stop_requested(state):  # also when the host's model stopped itself on the flag
             stats["finish_reason"] = "stop"
         return reply
     finally:
@@ -363,11 +368,16 @@ def cut_at_stops(replies: Iterable[str], stops: list[str], stats: dict) -> Gener
 def generate_reply_HF(question: str, original_question: str, state: dict, stopping_strings: list[str] | None = None,
                       is_chat: bool = False) -> Iterator[str]:
     """The host's own generation, under text-generation-webui's name and signature so that a
-    `custom_generate_reply` can delegate to it. Yields the cumulative decoded reply; the caller
-    (`_generate_reply`) applies the stopping strings and holds `shared.generation_lock`.
-    Records token counts and an EOS finish in `state['generation_stats']`."""
+    `custom_generate_reply` can delegate to it: the local model's, or the remote engine's
+    (`modules/remote_generation.py`). Yields the cumulative decoded reply; the caller
+    (`_generate_reply`) applies the stopping strings and, for the local model, holds
+    `shared.generation_lock`. Records token counts and an EOS finish in `state['generation_stats']`."""
     stats = state.setdefault("generation_stats",
                              {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"})
+    if shared.engine is not None:
+        stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
+        yield from remote_replies(question, state, stops, is_greedy(state))
+        return
     new_ids: list[int] = []
     for event in stream_events(question, state, threading.Event()):
         if isinstance(event, PromptReady):

@@ -24,15 +24,20 @@ the history as it stands rendered with an empty message (`chat.generate_chat_pro
 measured after each turn, Regenerate, Remove last, Clear and Load, and when those two parameters change.
 
 Errors raised while generating (ValueError for a bad image, too many images, a prompt that cannot
-fit; anything from a pipeline) become a warning toast plus a notice line under the chat; the
-history stays as it was before the message, so the next message works.
+fit, a refusal from a remote engine; anything from a pipeline) become a warning toast plus a notice
+line under the chat; the history stays as it was before the message, so the next message works. A
+remote engine that is down, too slow or broke off the reply leaves the turn in the history instead,
+with whatever of the reply came and the notice, for Regenerate once the engine is back. The Stop
+button stops its own session's reply (`session_stop`): with a remote engine, replies run side by side.
 This module renders no HTML itself (modules/html_generator.py does). Of images it knows only that the
 history may hold tags, which it keeps out of the textbox (`strip_image_tags`); extensions handle them.
 """
 from __future__ import annotations
 
 import html
+import threading
 import traceback
+import weakref
 from typing import Iterator
 
 import gradio as gr
@@ -41,7 +46,8 @@ from modules import chat, shared
 from modules.extensions import apply_extensions, iterator
 from modules.html_generator import CHAT_CSS, chat_html_wrapper, strip_image_tags
 from modules.logging_colors import logger
-from modules.text_generation import get_encoded_length, stop_everything_event
+from modules.engine import EngineUnavailableError
+from modules.text_generation import get_encoded_length
 
 PARAMETER_KEYS = ["max_new_tokens", "temperature", "top_p", "truncation_length"]
 
@@ -96,8 +102,11 @@ def has_input(text: str, extension_values: tuple) -> bool:
     return bool(text and text.strip()) or any(bool(v) for v in extension_values)
 
 
-def generate(text: str, history: dict, *values, regenerate: bool = False) -> Iterator[tuple[str, dict]]:
-    """Streams (display html, history) pairs; an error ends it with a notice and the history unchanged."""
+def generate(text: str, history: dict, *values, regenerate: bool = False,
+             stop: threading.Event | None = None) -> Iterator[tuple[str, dict]]:
+    """Streams (display html, history) pairs; an error ends it with a notice and the history unchanged,
+    except when a remote engine failed: then the turn stays, with what came of the reply, to regenerate
+    once the engine is back. `stop`: the session's Stop button (`session_stop`)."""
     if shared.model is None:
         gr.Warning(shared.NO_MODEL_MESSAGE)
         yield chat_html_wrapper(history), history
@@ -105,18 +114,55 @@ def generate(text: str, history: dict, *values, regenerate: bool = False) -> Ite
     if not regenerate and not has_input(text, split_values(values)[1]):
         yield chat_html_wrapper(history), history  # an empty Enter adds no turn
         return
+    latest = None
     try:
         state = state_from_values(history, *values)
+        state[shared.STOP_EVENT] = stop
         for latest in chat.generate_chat_reply(text, state, regenerate=regenerate, for_ui=True):
             yield chat_html_wrapper(latest), latest
     except Exception as error:  # any failure must reach the user and leave the session usable
         if isinstance(error, ValueError):  # a caller mistake (bad image, prompt too long): no traceback
             logger.warning(f"Generation refused: {error}")
+        elif isinstance(error, EngineUnavailableError):
+            logger.error(f"Generation failed: {error}")
         else:
             logger.error(f"Generation failed:\n{traceback.format_exc()}")
         message = f"Generation failed: {error}"
         gr.Warning(message)
-        yield chat_html_wrapper(history, notices=[message]), history
+        if isinstance(error, EngineUnavailableError) and latest is not None:
+            kept = chat.unfinished_turn(latest, message)
+            yield chat_html_wrapper(kept), kept
+        else:
+            yield chat_html_wrapper(history, notices=[message]), history
+
+
+# Each browser session's Stop button stops that session's reply only: with a remote engine, other
+# users' replies run at the same time. Held weakly: an event lives as long as its generation.
+_session_stops: "weakref.WeakValueDictionary[str, threading.Event]" = weakref.WeakValueDictionary()
+
+
+def session_stop(request: gr.Request | None) -> threading.Event:
+    """A new stop event for the session's next reply."""
+    event = threading.Event()
+    if request is not None and request.session_hash:
+        _session_stops[request.session_hash] = event
+    return event
+
+
+def stop_session(request: gr.Request) -> None:
+    """The Stop button: ends this session's reply being generated (the stop reaches it between tokens)."""
+    event = _session_stops.get(request.session_hash) if request is not None else None
+    if event is not None:
+        event.set()
+
+
+def send(request: gr.Request, text: str, history: dict, *values) -> Iterator[tuple[str, dict]]:
+    """Generate and Enter, as wired: `generate` with the session's stop."""
+    yield from generate(text, history, *values, stop=session_stop(request))
+
+
+def regenerate_in_session(request: gr.Request, history: dict, *values) -> Iterator[tuple[str, dict]]:
+    yield from generate("", history, *without_inputs(values), regenerate=True, stop=session_stop(request))
 
 
 def regenerate(history: dict, *values) -> Iterator[tuple[str, dict]]:
@@ -252,7 +298,7 @@ def wire_send(params: list, options: list) -> None:
         trigger(take_inputs, [g["textbox"], g["history"], *ext_inputs],
                 [g["last_input"], turns_before, *pending, g["textbox"], *ext_inputs],
                 queue=False, show_progress="hidden").then(
-            generate, [g["last_input"], g["history"], *params, *pending, *options], [g["display"], g["history"]],
+            send, [g["last_input"], g["history"], *params, *pending, *options], [g["display"], g["history"]],
             show_progress="hidden").then(
             restore_unsent_text, [g["last_input"], g["history"], turns_before], g["textbox"],
             queue=False, show_progress="hidden").then(
@@ -267,9 +313,9 @@ def wire_events() -> None:
     wire_send(params, options)
     measure = {"fn": context_meter, "inputs": [g["history"], *params, *options], "outputs": g["context_meter"],
                "show_progress": "hidden"}
-    g["Regenerate"].click(regenerate, [g["history"], *params, *options], display_and_history,
+    g["Regenerate"].click(regenerate_in_session, [g["history"], *params, *options], display_and_history,
                           show_progress="hidden").then(**measure)
-    g["Stop"].click(stop_everything_event, None, None, queue=False)
+    g["Stop"].click(stop_session, None, None, queue=False)
     g["Remove last"].click(remove_last, g["history"], [*display_and_history, g["textbox"]]).then(**measure)
     g["Clear history"].click(clear_history, None, display_and_history).then(**measure)
     g["Save history"].click(save, [g["history"], g["save_name"]], g["saved_histories"])

@@ -144,7 +144,7 @@ def send(page, text: str, with_enter: bool = True) -> None:
 def assert_nothing_ran(page) -> None:
     assert page.evaluate("window.__pwned") == 0, "a payload in the chat ran"
     # The only elements in the history: message rows and images from JPEG or PNG data URLs.
-    stray = page.evaluate("""() => Array.from(document.querySelectorAll('#chat-history *'))
+    stray = page.evaluate(r"""() => Array.from(document.querySelectorAll('#chat-history *'))
         .filter((e) => !(e.tagName === 'DIV' ||
                          (e.tagName === 'IMG' && /^data:image\/(jpeg|png);base64,/.test(e.getAttribute('src')))))
         .map((e) => e.outerHTML)""")

@@ -13,7 +13,7 @@ def snapshot() -> dict:
     return {"args": copy.deepcopy(shared.args), "settings": copy.deepcopy(shared.settings),
             "user_setting_keys": set(shared.user_setting_keys),
             "model": (shared.model, shared.tokenizer, shared.model_name, shared.is_multimodal),
-            "logits_processors": shared.logits_processors}
+            "logits_processors": shared.logits_processors, "engine": shared.engine}
 
 
 def restore(saved: dict) -> None:
@@ -25,6 +25,7 @@ def restore(saved: dict) -> None:
     model_settings.applied.clear()
     shared.model, shared.tokenizer, shared.model_name, shared.is_multimodal = saved["model"]
     shared.logits_processors = saved["logits_processors"]
+    shared.engine = saved["engine"]
     shared.stop_everything = False
     extensions.reset()
     prefix_cache.clear()

@@ -42,6 +42,10 @@ This host only: `image_tag_pattern()` -> a compiled regex with groups `mime` and
 image tags the extension writes into messages; the chat renders each match as a picture.
 `image_placeholder()` -> the text the model's chat template writes for an image part (or None); the
 host renders structured chat messages with each image tag there.
+This host with a remote engine (`--engine-url`) only: steps 9-10 do not run; instead
+`engine_prompt(prompt, state)` -> None, or `{"pieces", "images", "placeholder", "processor_kwargs"}`:
+the prompt's text around its pictures, the pictures as data URLs, the text the engine's processor
+expands for each, and that processor's keyword arguments (modules/remote_generation.py).
 """
 from __future__ import annotations
 

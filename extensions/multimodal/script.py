@@ -41,6 +41,9 @@ Hooks, in the order the host calls them:
   processors (text-generation-webui), adds the ban on image placeholder tokens
   (extensions/multimodal/core/placeholder_ban.py). This repository's host constructs the batch-level
   `logits_processors` after `setup()` instead, and this hook adds nothing.
+- `engine_prompt(prompt, state)` (this repository's host with `--engine-url` only): instead of the
+  tokenizer hook, the prompt as a remote engine takes it: its text around the pictures, the pictures'
+  bytes as data URLs, and what each picture costs (lean_host/engine_prompt.py).
 - `image_tag_pattern()`, `image_placeholder()` (this repository's host only): the tag's regex, so its chat
   renders the pictures; the text the chat template writes for an image part, where the host's
   structured rendering puts each tag.
@@ -225,6 +228,16 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
     device, dtype = loaded_model.placement()
     return (prompt, embedded.input_ids.unsqueeze(0).to(device, torch.int64),
             embedded.inputs_embeds.unsqueeze(0).to(device, dtype))
+
+
+@host_errors
+def engine_prompt(prompt: str, state: dict) -> Optional[dict]:
+    """This repository's host with a remote engine: the prompt's text around its pictures, the pictures as
+    data URLs, the model's image placeholder and the budget's processor arguments; each picture's tokens
+    go to `state['image_tokens']` (lean_host/engine_prompt.py). None for a prompt without pictures."""
+    from extensions.multimodal.lean_host.engine_prompt import engine_prompt as for_engine
+
+    return for_engine(prompt, state, params)
 
 
 def image_tag_pattern():

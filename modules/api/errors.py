@@ -2,7 +2,8 @@
 
 400 malformed request, undecodable or unfetchable image, caller mistakes (`ValueError`) during
 generation; 401 missing or wrong API key; 404 unknown route; 413 body or image too large;
-422 a parameter of the wrong type or out of range; 500 the model or pipeline failed; 503 no model.
+422 a parameter of the wrong type or out of range; 500 the model or pipeline failed; 503 no model, or
+the remote engine is down, too slow, or broke off the reply.
 """
 from __future__ import annotations
 

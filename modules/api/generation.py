@@ -22,6 +22,7 @@ from modules import chat
 from modules.api.errors import APIError
 from modules.api.messages import ChatInput
 from modules.api.schemas import GenerationParams
+from modules.engine import EngineUnavailableError
 from modules.logging_colors import logger
 from modules.text_generation import generate_reply, get_custom_stopping_strings
 
@@ -188,11 +189,16 @@ class DeltaTracker:
 
 
 def generation_error(error: Exception) -> APIError:
-    """Caller mistakes (ValueError, per the extension contract) -> 400 with the error's `code` when it
-    has one (an undecodable image: `invalid_image`); anything else -> 500."""
+    """Caller mistakes (ValueError, per the extension contract; an engine's refusal) -> 400 with the
+    error's `code` when it has one (an undecodable image: `invalid_image`); a remote engine down, slow or
+    broken off -> 503; anything else -> 500. Each is logged: an operator sees what clients were told."""
     if isinstance(error, APIError):
         return error
+    if isinstance(error, EngineUnavailableError):
+        logger.error(f"API request failed: {error}")
+        return APIError(503, str(error), code=error.code)
     if isinstance(error, ValueError):
+        logger.warning(f"API request refused: {error}")
         return APIError(400, str(error), code=str(getattr(error, "code", None) or "invalid_request"))
     logger.error("API generation failed", exc_info=error)
     return APIError(500, f"Generation failed: {type(error).__name__}: {error}", code="generation_failed")

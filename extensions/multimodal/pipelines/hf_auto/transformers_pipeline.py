@@ -159,8 +159,11 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid[:1]} if grid is not None else {})
 
     def _process(self, images: List[Image.Image], several: bool, budget):
-        kwargs = budget_kwargs.images_kwargs(self.model.config.model_type, self.processor.image_processor, budget)
-        return process_images(self.processor, images, several, kwargs)
+        return process_images(self.processor, images, several, self.processor_kwargs(budget))
+
+    def processor_kwargs(self, budget) -> dict:
+        """The processor's keyword arguments for a picture budget (none for the default, or a family without a knob)."""
+        return budget_kwargs.images_kwargs(self.model.config.model_type, self.processor.image_processor, budget)
 
     def budget_knob(self) -> Optional[str]:
         """What a picture budget changes for this family (`budget_kwargs`); None: every picture costs the same."""

@@ -1,0 +1,91 @@
+"""A reply from the remote engine (`shared.engine`), in place of the local model's `generate()`.
+
+The prompt is the one the host built for the local model, after every hook that shapes it. The
+extension that writes picture tags says, through `engine_prompt`, where the pictures are and what
+each costs; the engine gets the text around them, the pictures as data URLs, and the state's
+samplers under vLLM's names. The BOS is the local engine's: the template's own, else the
+tokenizer's (`add_special_tokens`), else the one `add_bos_token` asks for, written into the text.
+Logits processors run in the local engine only; a request that asks for them is refused here.
+"""
+from __future__ import annotations
+
+from contextlib import closing
+from typing import Any, Iterator
+
+from modules import shared
+from modules.engine import EngineChunk, EngineRequest
+from modules.extensions import apply_extensions
+
+
+def remote_replies(question: str, state: dict, stopping_strings: list[str], greedy: bool) -> Iterator[str]:
+    """Cumulative reply texts; counts and the finish go to `state['generation_stats']`. The stop button
+    ends the stream (closing it makes the engine abort the request)."""
+    # Closed however this generator ends (the stop button, a client gone): the engine aborts the request.
+    with closing(shared.engine.stream(engine_request(question, state, stopping_strings, greedy))) as chunks:
+        yield from cumulative(chunks, state)
+
+
+def cumulative(chunks: Iterator[EngineChunk], state: dict) -> Iterator[str]:
+    stats = state["generation_stats"]
+    reply = ""
+    for chunk in chunks:
+        if shared.stop_requested(state):
+            return
+        if chunk.prompt_tokens is not None:
+            stats["prompt_tokens"] = chunk.prompt_tokens
+        if chunk.completion_tokens is not None:
+            stats["completion_tokens"] = chunk.completion_tokens
+        if chunk.finish_reason is not None:
+            stats["finish_reason"] = "length" if chunk.finish_reason == "length" else "stop"
+        if chunk.text:
+            reply += chunk.text
+            yield reply
+
+
+def engine_request(question: str, state: dict, stopping_strings: list[str], greedy: bool) -> EngineRequest:
+    if state.get("logits_processor_args"):
+        raise ValueError("logits_processor_args (vllm_xargs) work with the local engine only: this host generates "
+                         f"through the {shared.engine.description}, which runs no logits processors of the host's.")
+    prompt = apply_extensions("engine_prompt", question, state) or {"pieces": [question], "images": [],
+                                                                     "placeholder": "", "processor_kwargs": {}}
+    pieces = list(prompt["pieces"])
+    pieces[0], add_special_tokens = with_bos(pieces[0], state)
+    return EngineRequest(prompt_pieces=pieces, images=list(prompt["images"]), image_placeholder=prompt["placeholder"],
+                         add_special_tokens=add_special_tokens, sampling=sampling(state, stopping_strings, greedy),
+                         processor_kwargs=dict(prompt["processor_kwargs"]))
+
+
+def with_bos(text: str, state: dict) -> tuple[str, bool]:
+    """(the prompt's start, whether the engine's tokenizer adds its special tokens), giving the ids
+    `text_generation.encode` gives: one BOS where the template wrote it or the tokenizer adds it, and
+    one written in when `add_bos_token` asks for one the tokenizer would not add."""
+    tokenizer = shared.tokenizer
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos):
+        return text, False
+    if bos and state.get("add_bos_token", True) and not tokenizer_adds_bos(tokenizer):
+        return bos + text, False
+    return text, True
+
+
+def tokenizer_adds_bos(tokenizer) -> bool:
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
+def sampling(state: dict, stopping_strings: list[str], greedy: bool) -> dict[str, Any]:
+    """The state's samplers as an OpenAI / vLLM request's fields (`text_generation.sampling_params`' twin)."""
+    fields: dict[str, Any] = {"max_tokens": int(state["max_new_tokens"]), "seed": int(state["seed"]),
+                              "repetition_penalty": float(state["repetition_penalty"]),
+                              "skip_special_tokens": bool(state.get("skip_special_tokens", True))}
+    if greedy:
+        fields["temperature"] = 0.0
+    else:
+        fields.update(temperature=float(state["temperature"]), top_p=float(state["top_p"]),
+                      top_k=int(state.get("top_k") or 0) or -1)
+    if stopping_strings:
+        fields["stop"] = list(stopping_strings)  # the engine stops early; the host cuts at them too
+    eos = getattr(shared.tokenizer, "eos_token_id", None)
+    if state.get("ban_eos_token") and eos is not None:
+        fields["logit_bias"] = {str(eos): -100}  # OpenAI's strongest bias: never chosen
+    return fields
