@@ -22,7 +22,7 @@ from tests import tiny_models  # noqa: E402
 # -- The fast tier ---------------------------------------------------------------------------------
 # `slow` (left out by `-m "not slow"`, still run by `python -m pytest -q tests`): a module that checks
 # the replies of every VLM family (the 13 checkpoints of tests/vlm_families.py) against Hugging Face's,
-# starts Chromium, or trains a model; and, in modules that are otherwise quick, a test that trains or
+# starts Chromium or a vLLM server, or trains a model; and, in modules that are otherwise quick, a test that trains or
 # runs a script in a fresh process (the demo's training and evaluation, the traced picture turn).
 # Measured with `--durations=0` on 2 cores: each of these takes 10 s to 12 min and together they are
 # about nine tenths of the full suite; what is left runs every product area's quick tests in ~2 min.
@@ -31,6 +31,7 @@ SLOW_MODULES = {
     "test_browser_chat.py", "test_browser_multimodal.py", "test_browser_demo.py",  # Chromium
     "test_browser_image_budget.py",
     "test_demo_training.py", "test_tower_probe.py",  # train
+    "test_engine_vllm.py", "test_engine_faults.py", "test_browser_engine.py",  # a vLLM server
 }
 SLOW_TESTS = {  # "module::test", without parameters
     "test_demo_model.py::test_training_script_smoke_run_saves_a_loadable_model",
