@@ -2,11 +2,13 @@
 
 - `encode` / `decode`: text <-> token ids (BOS handling, truncation keeps the last tokens).
 - `get_encoded_length`: prompt length, through an extension's `custom_tokenized_length` when one exists.
-- `generate_reply(question, state, ...)`: a generator of the cumulative reply, one generation at a
-  time behind `shared.generation_lock`, cut at the stopping strings and at the stop button. As in
+- `generate_reply(question, state, ...)`: a generator of the cumulative reply (with the local model,
+  one generation at a time behind `shared.generation_lock`; with a remote engine, side by side), cut
+  at the stopping strings and at the stop button (`shared.stop_requested`). As in
   text-generation-webui, an extension's `custom_generate_reply` (looked up on every reply) replaces
   the host's own generation, `generate_reply_HF`, which it may call in turn.
-- `generate_reply_HF`: before generating it calls the `tokenizer` hook; when that returns
+- `generate_reply_HF`: with a remote engine (`shared.engine`), `remote_generation.remote_replies`.
+  With the local model, before generating it calls the `tokenizer` hook; when that returns
   `inputs_embeds`, the model generates from those embeddings with an all-ones attention mask.
   The loaded batch-level logits processors (`shared.logits_processors`) run first on each step's
   logits, with `state['logits_processor_args']` as the request's `extra_args`; then the processors

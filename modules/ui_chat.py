@@ -162,12 +162,13 @@ def send(request: gr.Request, text: str, history: dict, *values) -> Iterator[tup
 
 
 def regenerate_in_session(request: gr.Request, history: dict, *values) -> Iterator[tuple[str, dict]]:
-    yield from generate("", history, *without_inputs(values), regenerate=True, stop=session_stop(request))
+    """Regenerate, as wired: `regenerate` with the session's stop."""
+    yield from regenerate(history, *values, stop=session_stop(request))
 
 
-def regenerate(history: dict, *values) -> Iterator[tuple[str, dict]]:
+def regenerate(history: dict, *values, stop: threading.Event | None = None) -> Iterator[tuple[str, dict]]:
     """`values`: PARAMETER_KEYS values, then optionally the extension options' (no message inputs)."""
-    yield from generate("", history, *without_inputs(values), regenerate=True)
+    yield from generate("", history, *without_inputs(values), regenerate=True, stop=stop)
 
 
 def context_meter(history: dict, *values) -> str:

@@ -96,6 +96,29 @@ def test_the_request_carries_the_pictures_as_sent_and_the_local_prompt(down_engi
     assert request.sampling["temperature"] == 0.0 and request.sampling["max_tokens"] == 8
 
 
+def test_a_picture_budget_becomes_the_engines_processor_kwargs(host, family_folder):
+    """Qwen2-VL's budget knob, as the request's mm_processor_kwargs; each picture's cost at that budget is the
+    local engine's (the same layouts), and a smaller budget costs fewer tokens."""
+    folder = family_folder("qwen2_vl")
+    shared.args = shared.parse_args(["--engine-url", "http://127.0.0.1:1/v1"])
+    shared.model, shared.tokenizer = models.load_without_weights(str(folder))
+    shared.engine = OpenAIChatEngine("http://127.0.0.1:1/v1", timeout=1)
+    shared.args.extensions.append("multimodal")
+    extensions.load_extensions()
+    picture = image_bytes("red", "circle", 320)
+    costs, kwargs = {}, {}
+    for budget in ("default", "4096"):  # the tiny checkpoint reads up to 16384 pixels by default
+        state = chat.new_state(max_new_tokens=8, temperature=0, image_budget=budget)
+        state[chat.MESSAGE_IMAGES] = [picture]
+        text, _ = chat.user_message("What is this?", state)
+        request = remote_generation.engine_request(chat.generate_chat_prompt(text, state), state, [], True)
+        costs[budget], kwargs[budget] = state[chat.IMAGE_TOKENS], request.processor_kwargs
+    assert kwargs["default"] == {}
+    assert kwargs["4096"]["size"]["longest_edge"] == 4096
+    assert costs["4096"][0] < costs["default"][0]
+    shared.engine.close()
+
+
 def test_the_bos_is_the_local_engines(down_engine):
     bos = shared.tokenizer.bos_token
     assert remote_generation.with_bos(f"{bos}USER: hi", {"add_bos_token": False}) == (f"{bos}USER: hi", False)

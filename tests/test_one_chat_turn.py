@@ -2,7 +2,7 @@
 
 A recording extension (written into a temporary extensions folder, loaded before the multimodal
 extension on a fake pipeline) notes every hook it is called through. The same message - text only,
-and with a picture - is sent through the UI's chat function (`ui_chat.generate`, what Gradio calls)
+and with a picture - is sent through the UI's chat function (`ui_chat.generate`, which the handler Gradio calls, `send`, runs)
 and through `/v1/chat/completions`, streaming and not.
 """
 from __future__ import annotations

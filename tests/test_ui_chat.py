@@ -248,7 +248,7 @@ def test_an_option_is_read_with_every_send_and_regenerate_but_never_cleared(opti
     assert list(shared.gradio["extension_options"]) == ["harness_level"]
     for send in handlers(interface, ui_chat.take_inputs):
         assert level not in send["inputs"] and level not in send["outputs"]
-    for reader in (ui_chat.generate, ui_chat.regenerate, ui_chat.context_meter):
+    for reader in (ui_chat.send, ui_chat.regenerate_in_session, ui_chat.context_meter):
         found = handlers(interface, reader)
         assert found and all(d["inputs"][-1] == level for d in found), reader.__name__
     # values: parameters, then the inputs, then the options
@@ -285,7 +285,7 @@ def test_the_context_meter_counts_the_next_prompt_as_the_tokenizer_does(llama):
     # Measured after a turn, Regenerate, Remove last, Clear and Load, and when the two lengths change.
     measured_after = {d["trigger_after"] for d in handlers(interface, ui_chat.context_meter)}
     functions = {interface.fns[i].fn for i in measured_after if i is not None}
-    assert functions == {ui_chat.restore_unsent_text, ui_chat.regenerate, ui_chat.remove_last,
+    assert functions == {ui_chat.restore_unsent_text, ui_chat.regenerate_in_session, ui_chat.remove_last,
                          ui_chat.clear_history, ui_chat.load}
     triggers = {tuple(t) for d in handlers(interface, ui_chat.context_meter) for t in d["targets"]}
     for name in ("max_new_tokens", "truncation_length"):
