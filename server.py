@@ -49,9 +49,12 @@ def load_for_engine() -> None:
     """Generation through --engine-url: the served model's folder without its weights, and the engine."""
     import modules.models
     from modules.engine_connection import connect
+    from modules.logits_processor_loader import resolve
 
     engine, served = connect(shared.args.engine_url, shared.args.engine_api_key, shared.args.engine_timeout,
                              shared.args.model)
+    # What the engine was started with, to check requests' arguments against (modules/vllm_logits.py).
+    engine.logits_processors = tuple(resolve(path) for path in shared.args.logits_processors)
     folder = modules.models.engine_model_folder(served.name)
     shared.model, shared.tokenizer = modules.models.load_without_weights(str(folder))
     shared.model_name = folder.name

@@ -55,6 +55,8 @@ class ServedModel:
 
 class RemoteEngine(ABC):
     concurrent = True  # replies run side by side; the engine batches them
+    # The host's logits-processor classes the engine runs too (`--logits-processors` beside `--engine-url`).
+    logits_processors: tuple = ()
 
     @property
     @abstractmethod

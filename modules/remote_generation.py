@@ -5,7 +5,10 @@ extension that writes picture tags says, through `engine_prompt`, where the pict
 each costs; the engine gets the text around them, the pictures as data URLs, and the state's
 samplers under vLLM's names. The BOS is the local engine's: the template's own, else the
 tokenizer's (`add_special_tokens`), else the one `add_bos_token` asks for, written into the text.
-Logits processors run in the local engine only; a request that asks for them is refused here.
+A request's logits-processor arguments go to the engine as `vllm_xargs` when the host was told which
+processors the engine runs (`--logits-processors` beside `--engine-url`; vLLM loads the same classes
+through `modules/vllm_logits.py`): the host checks them with those classes first. Told none, the host
+refuses such a request rather than let the engine ignore the arguments.
 """
 from __future__ import annotations
 
@@ -15,13 +18,14 @@ from typing import Any, Iterator
 from modules import shared
 from modules.engine import EngineChunk, EngineRequest
 from modules.extensions import apply_extensions
+from modules.logits_processors import RequestParams
 
 
-def remote_replies(question: str, state: dict, stopping_strings: list[str], greedy: bool) -> Iterator[str]:
+def remote_replies(question: str, state: dict, stopping_strings: list[str], params: RequestParams) -> Iterator[str]:
     """Cumulative reply texts; counts and the finish go to `state['generation_stats']`. The stop button
     ends the stream (closing it makes the engine abort the request)."""
     # Closed however this generator ends (the stop button, a client gone): the engine aborts the request.
-    with closing(shared.engine.stream(engine_request(question, state, stopping_strings, greedy))) as chunks:
+    with closing(shared.engine.stream(engine_request(question, state, stopping_strings, params))) as chunks:
         yield from cumulative(chunks, state)
 
 
@@ -42,16 +46,14 @@ def cumulative(chunks: Iterator[EngineChunk], state: dict) -> Iterator[str]:
             yield reply
 
 
-def engine_request(question: str, state: dict, stopping_strings: list[str], greedy: bool) -> EngineRequest:
-    if state.get("logits_processor_args"):
-        raise ValueError("logits_processor_args (vllm_xargs) work with the local engine only: this host generates "
-                         f"through the {shared.engine.description}, which runs no logits processors of the host's.")
+def engine_request(question: str, state: dict, stopping_strings: list[str], params: RequestParams) -> EngineRequest:
     prompt = apply_extensions("engine_prompt", question, state) or {"pieces": [question], "images": [],
                                                                      "placeholder": "", "processor_kwargs": {}}
     pieces = list(prompt["pieces"])
     pieces[0], add_special_tokens = with_bos(pieces[0], state)
     return EngineRequest(prompt_pieces=pieces, images=list(prompt["images"]), image_placeholder=prompt["placeholder"],
-                         add_special_tokens=add_special_tokens, sampling=sampling(state, stopping_strings, greedy),
+                         add_special_tokens=add_special_tokens,
+                         sampling=sampling(state, stopping_strings, params.greedy) | processor_args(params),
                          processor_kwargs=dict(prompt["processor_kwargs"]))
 
 
@@ -71,6 +73,20 @@ def with_bos(text: str, state: dict) -> tuple[str, bool]:
 def tokenizer_adds_bos(tokenizer) -> bool:
     ids = tokenizer("a", add_special_tokens=True)["input_ids"]
     return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
+def processor_args(params: RequestParams) -> dict[str, Any]:
+    """The request's logits-processor arguments as `vllm_xargs`, checked by the processors the engine runs."""
+    if not params.extra_args:
+        return {}
+    processors = shared.engine.logits_processors
+    if not processors:
+        raise ValueError(f"logits_processor_args (vllm_xargs) need logits processors in the engine: start the "
+                         f"{shared.engine.description} with --logits-processors modules.vllm_logits:MODULE.Class, and "
+                         f"this host with --logits-processors MODULE:Class to say so.")
+    for processor in processors:
+        processor.validate_params(params)
+    return {"vllm_xargs": dict(params.extra_args)}
 
 
 def sampling(state: dict, stopping_strings: list[str], greedy: bool) -> dict[str, Any]:

@@ -378,7 +378,7 @@ def generate_reply_HF(question: str, original_question: str, state: dict, stoppi
                              {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"})
     if shared.engine is not None:
         stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
-        yield from remote_replies(question, state, stops, is_greedy(state))
+        yield from remote_replies(question, state, stops, request_params(state))
         return
     new_ids: list[int] = []
     for event in stream_events(question, state, threading.Event()):

@@ -17,6 +17,7 @@ import pytest
 from modules import chat, extensions, models, remote_generation, shared
 from modules.engine import EngineUnavailableError, safe_url
 from modules.openai_engine import OpenAIChatEngine
+from modules.text_generation import request_params
 from server import LoginError, gradio_logins
 from tests.api_helpers import image_bytes, start_api
 from tests.browser_helpers import server_process
@@ -76,8 +77,21 @@ def test_an_engine_that_is_down_is_a_503_in_the_api(down_engine):
 
 def test_logits_processor_arguments_are_refused_not_ignored(down_engine):
     state = chat.new_state(logits_processor_args={"target_token": 5})
-    with pytest.raises(ValueError, match="local engine only"):
-        remote_generation.engine_request("USER: Hi\nASSISTANT:", state, [], True)
+    with pytest.raises(ValueError, match="need logits processors in the engine") as refused:
+        remote_generation.engine_request("USER: Hi\nASSISTANT:", state, [], request_params(state))
+    assert "--logits-processors modules.vllm_logits:" in str(refused.value)
+
+
+def test_logits_processor_arguments_go_as_vllm_xargs_checked_by_the_engines_processors(down_engine):
+    from examples.target_token import TargetTokenLogitsProcessor
+
+    down_engine.logits_processors = (TargetTokenLogitsProcessor,)
+    state = chat.new_state(logits_processor_args={"target_token": 5})
+    request = remote_generation.engine_request("USER: Hi\nASSISTANT:", state, [], request_params(state))
+    assert request.sampling["vllm_xargs"] == {"target_token": 5}
+    state = chat.new_state(logits_processor_args={"target_token": "five"})
+    with pytest.raises(ValueError, match="target_token must be a token id"):
+        remote_generation.engine_request("USER: Hi\nASSISTANT:", state, [], request_params(state))
 
 
 def test_the_request_carries_the_pictures_as_sent_and_the_local_prompt(down_engine):
@@ -87,7 +101,7 @@ def test_the_request_carries_the_pictures_as_sent_and_the_local_prompt(down_engi
     text, _ = chat.user_message("What color is the shape?", state)
     chat.start_turn(state)
     prompt = chat.generate_chat_prompt(text, state)
-    request = remote_generation.engine_request(prompt, state, [], True)
+    request = remote_generation.engine_request(prompt, state, [], request_params(state))
     assert request.images == [f"data:image/jpeg;base64,{__import__('base64').b64encode(picture).decode()}"]
     assert request.prompt_pieces == ["USER: ", "What color is the shape?\nASSISTANT:"]
     assert request.image_placeholder == "<image>\n"  # what the demo's template writes for a picture
@@ -111,7 +125,8 @@ def test_a_picture_budget_becomes_the_engines_processor_kwargs(host, family_fold
         state = chat.new_state(max_new_tokens=8, temperature=0, image_budget=budget)
         state[chat.MESSAGE_IMAGES] = [picture]
         text, _ = chat.user_message("What is this?", state)
-        request = remote_generation.engine_request(chat.generate_chat_prompt(text, state), state, [], True)
+        request = remote_generation.engine_request(chat.generate_chat_prompt(text, state), state, [],
+                                                   request_params(state))
         costs[budget], kwargs[budget] = state[chat.IMAGE_TOKENS], request.processor_kwargs
     assert kwargs["default"] == {}
     assert kwargs["4096"]["size"]["longest_edge"] == 4096

@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 # The host modules that import by a name known only at run time: extensions, and logits processors by class path.
-DYNAMIC_IMPORTERS = {"modules.extensions", "modules.logits_processor_loader"}
+DYNAMIC_IMPORTERS = {"modules.extensions", "modules.logits_processor_loader", "modules.vllm_logits"}
 
 
 def project_modules() -> dict[str, Path]:
