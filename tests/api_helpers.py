@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,12 +20,7 @@ from PIL import Image, ImageDraw
 from modules import shared
 from modules.api.config import APIConfig
 from modules.api.server import BackgroundServer, create_app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tools.vllm_cpu.process import free_port
 
 
 @dataclass

@@ -3,13 +3,14 @@ and page actions (send, wait for a reply, assert no payload ran, screenshots to 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+
+from tools.vllm_cpu.process import free_port
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,12 +33,6 @@ PAYLOAD = " ".join(PAYLOADS)
 
 
 # -- Helpers (also used by test_browser_multimodal.py) ------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def wait_for_http(url: str, proc: subprocess.Popen | None, log: Path | None, seconds: float) -> None:
     deadline = time.monotonic() + seconds
