@@ -32,7 +32,7 @@ from typing import Any, Iterator
 from modules import chat_templates, shared
 from modules.extensions import apply_extensions
 from modules.html_generator import IMAGE_CAPTION, IMAGE_CAPTION_RE
-from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length
+from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length, stop_requested
 
 HISTORY_DIR = shared.ROOT / "logs" / "chat"
 FALLBACK_USER, FALLBACK_BOT = "User:", "Assistant:"
@@ -201,7 +201,7 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
         reply = reply.lstrip(" ") if not _continue else reply
         output["internal"][-1] = [text, last_reply[0] + reply]
         output["visible"][-1] = [visible_text, last_reply[1] + html.escape(reply)]
-        if shared.stop_requested(state):
+        if stop_requested(state):
             break
         if state.get("stream", True):
             yield output

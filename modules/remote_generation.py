@@ -23,7 +23,7 @@ from modules.logits_processors import RequestParams
 
 def remote_replies(question: str, state: dict, stopping_strings: list[str], params: RequestParams) -> Iterator[str]:
     """Cumulative reply texts; counts and the finish go to `state['generation_stats']`. The stop button
-    ends the stream (closing it makes the engine abort the request)."""
+    and a client that leaves close this generator (`text_generation.cut_at_stops`, the API's run)."""
     # Closed however this generator ends (the stop button, a client gone): the engine aborts the request.
     with closing(shared.engine.stream(engine_request(question, state, stopping_strings, params))) as chunks:
         yield from cumulative(chunks, state)
@@ -33,8 +33,6 @@ def cumulative(chunks: Iterator[EngineChunk], state: dict) -> Iterator[str]:
     stats = state["generation_stats"]
     reply = ""
     for chunk in chunks:
-        if shared.stop_requested(state):
-            return
         if chunk.prompt_tokens is not None:
             stats["prompt_tokens"] = chunk.prompt_tokens
         if chunk.completion_tokens is not None:

@@ -32,7 +32,8 @@ engine: Any = None
 # The local model generates one reply at a time, for the UI and the API alike.
 generation_lock = threading.Lock()
 stop_everything = False
-# A generation's own stop: `state[STOP_EVENT]`, a threading.Event the UI sets from the session's Stop button.
+# A generation's own stop: `state[STOP_EVENT]`, a threading.Event the UI sets from the session's Stop button
+# (`text_generation.stop_requested` reads it).
 STOP_EVENT = "stop_event"
 processing_message = "*Is typing...*"
 
@@ -116,12 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--api-allow-private-urls", action="store_true",
                        help="Let the API and extensions (modules.web_search.safe_get) fetch URLs on loopback, private and link-local addresses.")
     return parser
-
-
-def stop_requested(state: dict) -> bool:
-    """Whether the reply being generated for `state` should stop: its own stop, or everything's."""
-    event = state.get(STOP_EVENT)
-    return stop_everything or (event is not None and event.is_set())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -4,7 +4,7 @@
 - `get_encoded_length`: prompt length, through an extension's `custom_tokenized_length` when one exists.
 - `generate_reply(question, state, ...)`: a generator of the cumulative reply (with the local model,
   one generation at a time behind `shared.generation_lock`; with a remote engine, side by side), cut
-  at the stopping strings and at the stop button (`shared.stop_requested`). As in
+  at the stopping strings and at the stop button (`stop_requested`). As in
   text-generation-webui, an extension's `custom_generate_reply` (looked up on every reply) replaces
   the host's own generation, `generate_reply_HF`, which it may call in turn.
 - `generate_reply_HF`: with a remote engine (`shared.engine`), `remote_generation.remote_replies`.
@@ -93,6 +93,13 @@ def stop_everything_event() -> None:
     shared.stop_everything = True
 
 
+def stop_requested(state: dict) -> bool:
+    """Whether the reply being generated for `state` should stop: its own stop (`state[shared.STOP_EVENT]`,
+    the session's Stop button), or everything's."""
+    event = state.get(shared.STOP_EVENT)
+    return shared.stop_everything or (event is not None and event.is_set())
+
+
 def get_custom_stopping_strings(state: dict) -> list[str]:
     """`custom_stopping_strings` is text like `"\\nYou:", "END"` (text-generation-webui's format)."""
     raw = state.get("custom_stopping_strings") or ""
@@ -131,7 +138,7 @@ class StopOnEvent(StoppingCriteria):
         self.state = state
 
     def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
-        stop = self.event.is_set() or shared.stop_requested(self.state)
+        stop = self.event.is_set() or stop_requested(self.state)
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
@@ -356,9 +363,9 @@ def cut_at_stops(replies: Iterable[str], stops: list[str], stats: dict, state: d
                 stats["finish_reason"] = "stop"
                 return reply[:hit]
             yield reply[:partial_stop_index(reply, stops)] if stops else reply
-            if shared.stop_requested(state):
+            if stop_requested(state):
                 break
-        if shared.stop_requested(state):  # also when the host's model stopped itself on the flag
+        if stop_requested(state):  # also when the host's model stopped itself on the flag
             stats["finish_reason"] = "stop"
         return reply
     finally:
