@@ -11,6 +11,7 @@ batches them itself.
 """
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -68,9 +69,9 @@ class RemoteEngine(ABC):
         """The model `name` (None: the only one served), as the engine serves it."""
 
     @abstractmethod
-    def stream(self, request: EngineRequest) -> Iterator[EngineChunk]:
-        """The reply's chunks; closing the iterator aborts the request. Raises EngineUnavailableError or
-        EngineRefusedError."""
+    def stream(self, request: EngineRequest, stop: Optional[threading.Event] = None) -> Iterator[EngineChunk]:
+        """The reply's chunks; closing the iterator, or setting `stop` (even while the engine sends
+        nothing), ends it and aborts the request. Raises EngineUnavailableError or EngineRefusedError."""
 
     def check(self) -> None:
         """Raise a start-up error for an engine the host cannot use as it is (e.g. a flag it needs)."""

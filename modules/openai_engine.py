@@ -13,6 +13,8 @@ gone) makes vLLM abort the request.
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 import httpx
@@ -21,6 +23,7 @@ from modules.engine import (EngineChunk, EngineRefusedError, EngineRequest, Engi
                             ServedModel, safe_url)
 
 CONNECT_SECONDS = 5.0
+STOP_POLL_SECONDS = 0.1
 
 
 def parts_template(image_placeholder: str) -> str:
@@ -87,21 +90,25 @@ class OpenAIChatEngine(RemoteEngine):
             body["mm_processor_kwargs"] = request.processor_kwargs
         return body
 
-    def stream(self, request: EngineRequest) -> Iterator[EngineChunk]:
+    def stream(self, request: EngineRequest, stop: Optional[threading.Event] = None) -> Iterator[EngineChunk]:
+        stop = stop or threading.Event()
         try:
             with self.client.stream("POST", self.url + "/chat/completions", json=self.body(request)) as response:
                 if response.status_code != 200:
                     response.read()
                     raise self._refusal(response)
-                yield from self._chunks(response)
-        except httpx.TimeoutException:
-            raise EngineUnavailableError(f"The {self.description} did not answer within {self.timeout:g} s "
-                                         f"(busy or stuck; the host's --engine-timeout).") from None
-        except httpx.TransportError as error:
+                with closed_on(stop, response):
+                    yield from self._chunks(response, stop)
+        except (httpx.TransportError, httpx.StreamError) as error:
+            if stop.is_set():
+                return  # closed on purpose: the stop button, a client gone
+            if isinstance(error, httpx.TimeoutException):
+                raise EngineUnavailableError(f"The {self.description} did not answer within {self.timeout:g} s "
+                                             f"(busy or stuck; the host's --engine-timeout).") from None
             raise EngineUnavailableError(f"The {self.description} cannot be reached or broke off the reply "
                                          f"({type(error).__name__}). Is it running? Once it is back, send again.") from None
 
-    def _chunks(self, response: httpx.Response) -> Iterator[EngineChunk]:
+    def _chunks(self, response: httpx.Response, stop: threading.Event) -> Iterator[EngineChunk]:
         finished = False
         for line in response.iter_lines():
             if not line.startswith("data:"):
@@ -115,7 +122,7 @@ class OpenAIChatEngine(RemoteEngine):
             chunk = chunk_of(event)
             finished = finished or chunk.finish_reason is not None
             yield chunk
-        if not finished:
+        if not finished and not stop.is_set():
             raise EngineUnavailableError(f"The {self.description} ended the reply before it was finished "
                                          f"(restarted?). Once it is back, send again.")
 
@@ -145,6 +152,26 @@ class OpenAIChatEngine(RemoteEngine):
 
     def close(self) -> None:
         self.client.close()
+
+
+@contextmanager
+def closed_on(stop: threading.Event, response: httpx.Response) -> Iterator[None]:
+    """Close `response` as soon as `stop` is set, from a watching thread: a read blocked on an engine that
+    sends nothing (a long prefill, a busy server) ends then, not at the next chunk."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if stop.wait(STOP_POLL_SECONDS):
+                response.close()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True, name="engine-stop")
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def chunk_of(event: dict) -> EngineChunk:

@@ -23,9 +23,10 @@ from modules.logits_processors import RequestParams
 
 def remote_replies(question: str, state: dict, stopping_strings: list[str], params: RequestParams) -> Iterator[str]:
     """Cumulative reply texts; counts and the finish go to `state['generation_stats']`. The stop button
-    and a client that leaves close this generator (`text_generation.cut_at_stops`, the API's run)."""
+    and a client that leaves set the state's stop, which closes the engine's stream at once."""
     # Closed however this generator ends (the stop button, a client gone): the engine aborts the request.
-    with closing(shared.engine.stream(engine_request(question, state, stopping_strings, params))) as chunks:
+    request = engine_request(question, state, stopping_strings, params)
+    with closing(shared.engine.stream(request, state.get(shared.STOP_EVENT))) as chunks:
         yield from cumulative(chunks, state)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from starlette.requests import Request
 
-from modules import chat
+from modules import chat, shared
 from modules.api.errors import APIError
 from modules.api.messages import ChatInput
 from modules.api.schemas import GenerationParams
@@ -96,6 +96,9 @@ class GenerationRun:
         self.loop = asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
+        # The generation's own stop: set on cancel, so the model stops at its next token and a remote
+        # engine's stream is closed at once, not at the next reply.
+        state[shared.STOP_EVENT] = self.cancelled
         self.state = state
         self._getter: asyncio.Future | None = None
         self._watcher: asyncio.Future | None = None
