@@ -23,6 +23,10 @@ class EngineUnavailableError(RuntimeError):
     code = "engine_unavailable"
 
 
+class EngineUnreachableError(EngineUnavailableError):
+    """Nothing answers at the engine's address (not running yet, or gone)."""
+
+
 class EngineRefusedError(ValueError):
     """The engine refused the request as given: too many pictures, too long a prompt (the API's 400)."""
     code = "engine_refused"

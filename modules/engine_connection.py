@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from modules.engine import EngineUnavailableError, RemoteEngine, ServedModel
+from modules.engine import EngineUnreachableError, RemoteEngine, ServedModel
 from modules.logging_colors import logger
 
 POLL_SECONDS = 2.0
@@ -29,8 +29,8 @@ def wait_for_model(engine: RemoteEngine, model: Optional[str], timeout: float) -
     while True:
         try:
             return engine.served_model(model)
-        except EngineUnavailableError as error:
-            if "cannot be reached" not in str(error) or time.monotonic() > deadline:
+        except EngineUnreachableError:
+            if time.monotonic() > deadline:
                 raise
             if not told:
                 logger.info(f"Waiting up to {timeout:g} s for the {engine.description} to answer...")

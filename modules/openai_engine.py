@@ -19,8 +19,8 @@ from typing import Any, Iterator, Optional
 
 import httpx
 
-from modules.engine import (EngineChunk, EngineRefusedError, EngineRequest, EngineUnavailableError, RemoteEngine,
-                            ServedModel, safe_url)
+from modules.engine import (EngineChunk, EngineRefusedError, EngineRequest, EngineUnavailableError,
+                            EngineUnreachableError, RemoteEngine, ServedModel, safe_url)
 
 CONNECT_SECONDS = 5.0
 STOP_POLL_SECONDS = 0.1
@@ -105,7 +105,7 @@ class OpenAIChatEngine(RemoteEngine):
             if isinstance(error, httpx.TimeoutException):
                 raise EngineUnavailableError(f"The {self.description} did not answer within {self.timeout:g} s "
                                              f"(busy or stuck; the host's --engine-timeout).") from None
-            raise EngineUnavailableError(f"The {self.description} cannot be reached or broke off the reply "
+            raise EngineUnreachableError(f"The {self.description} cannot be reached or broke off the reply "
                                          f"({type(error).__name__}). Is it running? Once it is back, send again.") from None
 
     def _chunks(self, response: httpx.Response, stop: threading.Event) -> Iterator[EngineChunk]:
@@ -144,7 +144,7 @@ class OpenAIChatEngine(RemoteEngine):
         except httpx.TimeoutException:
             raise EngineUnavailableError(f"The {self.description} did not answer within {self.timeout:g} s.") from None
         except httpx.TransportError as error:
-            raise EngineUnavailableError(f"The {self.description} cannot be reached ({type(error).__name__}): "
+            raise EngineUnreachableError(f"The {self.description} cannot be reached ({type(error).__name__}): "
                                          f"is it running, and is --engine-url right?") from None
         if response.status_code != 200:
             raise self._refusal(response)
