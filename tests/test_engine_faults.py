@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -80,12 +81,15 @@ def test_a_paused_engine_times_out_with_a_clear_503_and_then_serves_again(host, 
 def test_an_engine_killed_mid_reply_then_down_then_back(host, engine):
     body = {"messages": MESSAGES, "temperature": 0, "max_tokens": 1500, "ban_eos_token": True, "stream": True}
     events = []
+    # Killed a second in, while its 1500 tokens are surely still being generated (on these 2 cores vLLM
+    # may stream a reply in one late burst, so the kill cannot wait for the stream's first pieces).
+    killer = threading.Timer(1.0, engine["server"].signal, (signal.SIGKILL,))
+    killer.start()
     with httpx.stream("POST", f"{host.url}/chat/completions", json=body, timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 events.append(json.loads(line[6:]))
-                if len(events) == 4:
-                    engine["server"].signal(signal.SIGKILL)
+    killer.join()
     engine["server"].stop()
     assert "error" in events[-1], events[-1]
     assert "broke off the reply" in events[-1]["error"]["message"] or "ended the reply" in events[-1]["error"]["message"]
