@@ -102,7 +102,7 @@ def full_attention_blocks(depth: int) -> list[int]:
 def build_model(path: Path, vision_layers: int) -> Path:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
-    from tests import tiny_processors, vlm_families
+    from fixtures import tiny_processors, vlm_families
 
     tokenizer = vlm_families.qwen_tokenizer(vlm_families.hub_template("qwen2_5_vl"))
     vision = dict(depth=vision_layers, hidden_size=1280, intermediate_size=3420, num_heads=16, hidden_act="silu",
@@ -205,7 +205,7 @@ class RssSampler:
 
 def ask(client, messages: list, budget: str, args) -> dict:
     """One streaming turn: TTFT, the reply and usage."""
-    from tests.api_helpers import wait_until_unlocked
+    from fixtures.api_helpers import wait_until_unlocked
 
     started = time.perf_counter()
     stream = client.chat.completions.create(
@@ -225,7 +225,7 @@ def ask(client, messages: list, budget: str, args) -> dict:
 
 def chat(client, budget: str, args, seed: int) -> list[dict]:
     """The five turns, each request carrying the conversation so far."""
-    from tests.api_helpers import data_url
+    from fixtures.api_helpers import data_url
 
     messages, turns = [], []
     for turn, question in enumerate(QUESTIONS):
@@ -241,7 +241,7 @@ def chat(client, budget: str, args, seed: int) -> list[dict]:
 
 def run_column(args) -> dict:
     """Load the model into the host, serve the API, warm up, then `args.repeats` measured chats."""
-    from tests import api_helpers, host_helpers
+    from fixtures import api_helpers, host_helpers
 
     started = time.perf_counter()
     host_helpers.load(Path(args.model_dir), ["multimodal"], argv=["--cpu"])

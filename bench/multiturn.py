@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from modules import chat, extensions, models, prefix_cache, shared, text_generation  # noqa: E402
-from tests import tiny_models  # noqa: E402
+from fixtures import tiny_models  # noqa: E402
 
 QUESTIONS = ["Describe the image.", "What colour is the shape?", "And this one?", "Which picture came first?",
              "Summarise our chat about the pictures."]

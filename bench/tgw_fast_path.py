@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.image_budget import build_model, cpu_name, screenshot  # noqa: E402
-from tests.api_helpers import data_url, free_port  # noqa: E402
+from fixtures.api_helpers import data_url, free_port  # noqa: E402
 
 HARNESS = Path(os.environ.get("TGW_HARNESS", ROOT.parent / "shared" / "tgw"))
 QUESTIONS = ["What does this screenshot show?", "And this one: what changed?", "Where is the error in this one?",

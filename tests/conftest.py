@@ -17,11 +17,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from tests import tiny_models  # noqa: E402
+from fixtures import tiny_models  # noqa: E402
 
 # -- The fast tier ---------------------------------------------------------------------------------
 # `slow` (left out by `-m "not slow"`, still run by `python -m pytest -q tests`): a module that checks
-# the replies of every VLM family (the 13 checkpoints of tests/vlm_families.py) against Hugging Face's,
+# the replies of every VLM family (the 13 checkpoints of fixtures/vlm_families.py) against Hugging Face's,
 # starts Chromium or a vLLM server, or trains a model; and, in modules that are otherwise quick, a test that trains or
 # runs a script in a fresh process (the demo's training and evaluation, the traced picture turn).
 # Measured with `--durations=0` on 2 cores: each of these takes 10 s to 12 min and together they are
@@ -89,10 +89,10 @@ def llava_original_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def family_folder(tmp_path_factory) -> Callable[[str], Path]:
-    """`family_folder(name)`: the tiny checkpoint `tests/vlm_families.FAMILIES[name]` builds, built on first use
+    """`family_folder(name)`: the tiny checkpoint `fixtures/vlm_families.FAMILIES[name]` builds, built on first use
     and then shared by every module of the session. Read it, never write into it: a test that varies a
     checkpoint copies the folder (`shutil.copytree`) and changes its copy."""
-    from tests import vlm_families  # imports the extension: only for the modules that ask
+    from fixtures import vlm_families  # imports the extension: only for the modules that ask
 
     root = tmp_path_factory.mktemp("vlm_families")
     return functools.cache(lambda name: vlm_families.FAMILIES[name](root / name))
@@ -108,7 +108,7 @@ def llama(host, llama_dir):
 @pytest.fixture
 def host():
     """Restores the host's global state after a test that loads models or extensions."""
-    from tests import host_helpers
+    from fixtures import host_helpers
 
     snapshot = host_helpers.snapshot()
     yield host_helpers
@@ -118,7 +118,7 @@ def host():
 @pytest.fixture(scope="module")
 def llama_api(llama_dir):
     """A live OpenAI-compatible API on the tiny Llama (one server per test module)."""
-    from tests import api_helpers
+    from fixtures import api_helpers
 
     with api_helpers.serving(llama_dir) as api:
         yield api

@@ -16,7 +16,7 @@ Loading (transformers 5.23, no torchvision; tests/test_hf_reference.py checks ea
   class check refuses None for it (its lookup of `VideoProcessorMixin` fails on the placeholder
   `VIDEO_PROCESSOR_MAPPING`): the class is used through a same-named subclass whose check lets a None
   video processor through, nothing else changed. Mistral 3's `PixtralProcessor` cannot be imported
-  at all (a torchvision placeholder): `tests/pixtral_processor.py` writes it out.
+  at all (a torchvision placeholder): `fixtures/pixtral_processor.py` writes it out.
 
 Tokenizing: SmolVLM's `apply_chat_template` reads the video processor's frame settings before it
 renders, so for SmolVLM the reference is the documented equivalent: the chat template rendered by
@@ -32,7 +32,7 @@ import transformers
 from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
 from transformers.processing_utils import ProcessorMixin
 
-from tests import pixtral_processor
+from fixtures import pixtral_processor
 
 # model_type -> the processor class built from parts where AutoProcessor needs torchvision.
 FROM_PARTS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",

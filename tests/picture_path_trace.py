@@ -40,7 +40,7 @@ def main() -> None:
     threading.setprofile(profiler)
     sys.setprofile(profiler)
     from modules import chat, shared, ui_chat
-    from tests import api_helpers, host_helpers
+    from fixtures import api_helpers, host_helpers
 
     host_helpers.load(ROOT / "models" / "tiny-llava-shapes", ["multimodal"], settings={"max_new_tokens": 4})
     ui_chat.create_interface()  # the extension's UI registers its per-message image input

@@ -18,7 +18,7 @@ import pytest
 from modules import chat, shared
 from modules.api.messages import Message, to_chat_input
 from modules.text_generation import encode, generate_reply
-from tests import api_helpers, host_helpers
+from fixtures import api_helpers, host_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY = dict(model="any", temperature=0, max_tokens=10)

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from modules import shared
-from tests import api_helpers
+from fixtures import api_helpers
 from tests.conftest import ROOT
 
 DEMO_DIR = ROOT / "models" / shared.DEMO_MODEL

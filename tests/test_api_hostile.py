@@ -25,7 +25,7 @@ from modules.api.capped_read import TooLarge, read_capped
 from modules.api.config import APIConfig, is_public_address
 from modules.api.errors import APIError
 from modules.api.image_fetch import fetch_image_bytes
-from tests import api_helpers, host_helpers
+from fixtures import api_helpers, host_helpers
 from tests.image_server import BIG_BYTES, ImageServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import pytest
 from modules import shared
 from modules.api import server as api_server
 from modules.api.config import APIConfig, bind_host, config_from_args
-from tests import api_helpers
+from fixtures import api_helpers
 
 GREEDY = dict(model="any", temperature=0, max_tokens=10)
 

@@ -1,11 +1,11 @@
-"""The shared corpus of bad pictures (tests/bad_pictures.py) through this host's API: each gets
+"""The shared corpus of bad pictures (fixtures/bad_pictures.py) through this host's API: each gets
 HTTP 400 with a message naming the picture and the cause, and the next valid request is answered.
 text-generation-webui's real server gets the same corpus from tools/tgw_bad_pictures.py."""
 from __future__ import annotations
 
 import pytest
 
-from tests import api_helpers, bad_pictures, host_helpers
+from fixtures import api_helpers, bad_pictures, host_helpers
 
 HELLO = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
 

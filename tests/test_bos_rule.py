@@ -9,7 +9,7 @@ with a picture, its second turn, then a new chat with another picture.
 """
 from __future__ import annotations
 
-from tests import api_helpers, vlm_families
+from fixtures import api_helpers, vlm_families
 from tests.test_vlm_families_host import NEW_TOKENS, check, hf_reply, png
 
 

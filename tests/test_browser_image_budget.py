@@ -1,5 +1,5 @@
 """Picture costs, the picture budget choice and the context meter in Debian's Chromium, on the tiny Qwen2-VL
-checkpoint (`tests/vlm_families.py`), a family with a budget knob: "high" reads a large picture with more tokens.
+checkpoint (`fixtures/vlm_families.py`), a family with a budget knob: "high" reads a large picture with more tokens.
 
 After a turn each picture shows "N tokens" under it and the meter under the chat "Context: X / Y tokens"; the
 budget radio is no message content (choosing one and pressing Enter sends nothing) and keeps its value; with

@@ -1,6 +1,6 @@
 """Every family on a checkpoint varied on purpose, through `/v1/chat/completions`, one server per family.
 
-The family folders of `tests/vlm_families.py` are re-saved with what independently built checkpoints
+The family folders of `fixtures/vlm_families.py` are re-saved with what independently built checkpoints
 differ in: where the BOS comes from (the tokenizer adds it, the chat template writes it, or neither,
 though the tokenizer defines one), and a pad id equal to the EOS, which the template writes into every
 prompt. Each family gets one BOS style (all three styles occur), every other family the pad change.
@@ -21,7 +21,7 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from modules import shared
-from tests import api_helpers, vlm_families
+from fixtures import api_helpers, vlm_families
 from tests.test_vlm_families_host import api_turn, png
 
 # The BOS a tokenizer without one gets (it is in every ChatML family's vocabulary).

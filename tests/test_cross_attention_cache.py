@@ -10,7 +10,7 @@ that another picture changes the reference.
 """
 from __future__ import annotations
 
-from tests import api_helpers, vlm_families
+from fixtures import api_helpers, vlm_families
 from tests.test_prefix_cache_sliding import ask, user
 from tests.test_vlm_families_host import api_turn, check, hf_reply, png
 

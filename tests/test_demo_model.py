@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from modules import shared
-from tests import host_helpers
+from fixtures import host_helpers
 from tests.conftest import ROOT
 from tools.demo_model.chats import (
     COLOUR_QUESTIONS,

@@ -16,7 +16,7 @@ Left out, each for a reason a reader can check:
 - placeholders: a segment in capitals without an extension (`pipelines/NAME/`); `<family>`, globs,
   URLs and calls hold other characters and are never read;
 - paths git ignores (`models/config-user.yaml`, `test-artifacts/`): the user's files or generated;
-- `tests/hub_templates/`: its README describes the hub's files as they are published.
+- `fixtures/hub_templates/`: its README describes the hub's files as they are published.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-SKIPPED_DOCS = ("tests/hub_templates/",)
+SKIPPED_DOCS = ("fixtures/hub_templates/",)
 FENCE_RE = re.compile(r"^\s*```.*?^\s*```", re.MULTILINE | re.DOTALL)
 SPAN_RE = re.compile(r"`([^`\n]+)`")
 PATH_RE = re.compile(r"[\w.\-/]+")

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api_helpers import data_url, image_bytes
+from fixtures.api_helpers import data_url, image_bytes
 from tools.vllm_cpu.process import ROOT, free_port, host_server, start_vllm, vllm_installed
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "engine-faults"

@@ -19,7 +19,7 @@ from modules.engine import EngineUnavailableError, safe_url
 from modules.openai_engine import OpenAIChatEngine
 from modules.text_generation import request_params
 from server import LoginError, gradio_logins
-from tests.api_helpers import image_bytes, start_api
+from fixtures.api_helpers import image_bytes, start_api
 from tests.browser_helpers import server_process
 from tools.vllm_cpu.process import free_port
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from PIL import Image, ImageDraw
 
-from tests.api_helpers import data_url, image_bytes
+from fixtures.api_helpers import data_url, image_bytes
 from tools.vllm_cpu.process import ROOT, free_port, host_server, vllm_installed, vllm_server
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "engine"

@@ -20,7 +20,7 @@ from PIL import Image, ImageOps
 
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 from modules import chat, shared, ui_chat
-from tests import api_helpers, host_helpers
+from fixtures import api_helpers, host_helpers
 from tests.conftest import ROOT
 from tests.multimodal_fake_pipeline import encoded, noise_image
 from extensions.multimodal.tgw import serving

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from modules import shared
-from tests import api_helpers, host_helpers
+from fixtures import api_helpers, host_helpers
 from tests.multimodal_fake_pipeline import encoded, noise_image
 
 TURNS = [("<image>\nWhat is in the picture?", 0), ("And the colour?", None), ("<image>\nAnd this one?", 1)]

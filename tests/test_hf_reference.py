@@ -17,7 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests import hf_reference, vlm_families
+from fixtures import vlm_families
+from tests import hf_reference
 
 FAMILY_NAMES = list(vlm_families.FAMILIES)
 

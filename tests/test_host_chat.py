@@ -36,7 +36,7 @@ def test_plain_fallback_without_a_template(llama):
 
 
 def chat_template_of_fixture() -> str:
-    from tests.tiny_models import CHAT_TEMPLATE
+    from fixtures.tiny_models import CHAT_TEMPLATE
 
     return CHAT_TEMPLATE
 

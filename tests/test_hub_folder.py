@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from modules import shared
-from tests import api_helpers, vlm_families
+from fixtures import api_helpers, vlm_families
 from tests.test_prefix_cache_sliding import ask, user
 from tests.test_vlm_families_host import hf_reply, png
 

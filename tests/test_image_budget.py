@@ -1,6 +1,6 @@
 """What a picture costs, through the API: budgets, the image tokens in `usage`, and pictures left out.
 
-Each family with a budget knob is served from its tiny checkpoint (tests/vlm_families.py) as a
+Each family with a budget knob is served from its tiny checkpoint (fixtures/vlm_families.py) as a
 user's folder; one server takes the same picture at several budgets, each request checked against
 Hugging Face's `generate(**processor(...))` (`tests/hf_reference.py`) with the processor keyword
 arguments the budget stands for, written out per checkpoint (`BUDGET_KWARGS`, not the extension's
@@ -14,13 +14,13 @@ import pytest
 
 from extensions.multimodal.core import image_budget
 from modules import shared
-from tests import api_helpers
+from fixtures import api_helpers
 from tests.test_vlm_families_host import NEW_TOKENS, hf_generate, png
 
 KNOB_FAMILIES = ["qwen2_5_vl", "idefics3", "internvl", "mistral3"]  # BUDGET_KWARGS below
 SMALL = 1024  # pixels: below every tiny checkpoint's own reading of these pictures
 # The processor keyword arguments each budget stands for on these checkpoints (README, "What a picture
-# costs"; the tiny processors' settings are in tests/vlm_families.py). "default": none. "low" is 512x512
+# costs"; the tiny processors' settings are in fixtures/vlm_families.py). "default": none. "low" is 512x512
 # pixels but never above the checkpoint's default, "high" 2048x2048 but never below it.
 BUDGET_KWARGS = {
     # pixels per picture: `size` {shortest_edge, longest_edge}; default 1024..16384 pixels

@@ -84,3 +84,24 @@ def test_only_the_loaders_import_by_a_computed_name():
         calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Call)]
         dynamic = [ast.unparse(call) for call in calls if ast.unparse(call.func).endswith(("import_module", "__import__"))]
         assert dynamic == [], f"{path}: {dynamic} (reach extensions through hooks, not by name)"
+
+
+def imported_tops(path: Path) -> set[str]:
+    """The top-level packages `path` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+    return found
+
+
+def test_fixtures_serve_tests_bench_and_tools_but_never_the_product():
+    product = list(project_modules().values())
+    users = [p for folder in ("fixtures", "bench", "tools") for p in (ROOT / folder).rglob("*.py")]
+    assert any(p.parent.name == "bench" for p in users) and any(p.parent.name == "fixtures" for p in users)
+    wrong = [(str(p.relative_to(ROOT)), top) for p in product for top in imported_tops(p) & {"tests", "fixtures"}]
+    wrong += [(str(p.relative_to(ROOT)), "tests") for p in users if "tests" in imported_tops(p)]
+    assert wrong == [], "the product imports no fixtures; fixtures, bench and tools import nothing from tests/"
+    assert list((ROOT / "fixtures").rglob("test_*.py")) == [], "fixtures/ holds no test modules"

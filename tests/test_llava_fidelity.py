@@ -14,7 +14,7 @@ from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, store_image, ta
 from modules import shared
 from modules.extensions import apply_extensions
 from modules.text_generation import decode, encode, generate_reply
-from tests import host_helpers
+from fixtures import host_helpers
 from tests.test_llava_hf import random_image
 
 ONE = "USER: {0}\nWhat is this?\nASSISTANT:"

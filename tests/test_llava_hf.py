@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from modules import shared
-from tests import host_helpers
+from fixtures import host_helpers
 
 PROMPT_2 = "USER: <image>\nWhat is this? And <image> this?\nASSISTANT:"
 

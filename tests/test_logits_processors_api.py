@@ -11,7 +11,7 @@ import pytest
 
 from examples.target_token import TargetTokenLogitsProcessor
 from modules.text_generation import decode, encode
-from tests import api_helpers
+from fixtures import api_helpers
 from tests.exploding_processor import Exploding
 from tests.conftest import ROOT
 

@@ -22,7 +22,7 @@ N = 6
 
 
 def reply(**state_overrides) -> str:
-    from tests.host_helpers import greedy_state
+    from fixtures.host_helpers import greedy_state
 
     state = greedy_state(max_new_tokens=N, ban_eos_token=True, **state_overrides)
     text = list(generate_reply(PROMPT, state))[-1]
@@ -134,7 +134,7 @@ def test_processors_see_the_prompt_the_arguments_and_the_growing_output(host, ll
     recorder = shared.logits_processors.processors[0]
     assert recorder.config.tokenizer is shared.tokenizer and recorder.config.model_config is shared.model.config
     state_args = {"a": [1, 2], "b": {"c": "d"}}
-    from tests.host_helpers import greedy_state
+    from fixtures.host_helpers import greedy_state
 
     state = greedy_state(max_new_tokens=N, ban_eos_token=True, logits_processor_args=state_args)
     list(generate_reply(PROMPT, state))

@@ -12,8 +12,8 @@ import pytest
 from modules import shared
 from modules.logits_processors import LogitsProcessor, apply_moves
 from modules.text_generation import generate_reply
-from tests import api_helpers
-from tests.host_helpers import greedy_state
+from fixtures import api_helpers
+from fixtures.host_helpers import greedy_state
 
 N = 6
 PLACEHOLDER = "<image>"

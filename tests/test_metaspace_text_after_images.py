@@ -9,7 +9,7 @@ equal to Hugging Face's and shown to depend on the pictures.
 """
 from __future__ import annotations
 
-from tests import vlm_families
+from fixtures import vlm_families
 from tests.test_vlm_families_host import three_turns_through_the_api
 
 

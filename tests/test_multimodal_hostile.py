@@ -18,7 +18,7 @@ from extensions.multimodal.core.multimodal_embedder import MultimodalEmbedder, P
 from extensions.multimodal.core.prompt_parts import split_prompt
 from modules import shared
 from modules.text_generation import generate_reply
-from tests.bad_pictures import png_header_only
+from fixtures.bad_pictures import png_header_only
 from tests.conftest import ROOT
 from tests.multimodal_fake_pipeline import encoded, make_embedder, noise_image, solid_image, tag, tag_of_bytes
 

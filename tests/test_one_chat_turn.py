@@ -13,7 +13,7 @@ import pytest
 
 import extensions as extensions_package
 from modules import chat, shared, ui_chat
-from tests import api_helpers
+from fixtures import api_helpers
 from tests.conftest import ROOT
 
 RECORDER = '''
@@ -63,7 +63,7 @@ GREEDY = {"model": "local", "max_tokens": 6, "temperature": 0, "extra_body": {"b
 
 @pytest.fixture(scope="module")
 def served(llama_dir, tmp_path_factory):
-    from tests import host_helpers
+    from fixtures import host_helpers
 
     folder = tmp_path_factory.mktemp("ext")
     (folder / "recorder").mkdir()

@@ -13,7 +13,7 @@ import pytest
 from modules import shared
 from modules.api.errors import APIError
 from modules.web_search import safe_get
-from tests import api_helpers
+from fixtures import api_helpers
 from tests.image_server import ImageServer
 
 PNG = api_helpers.image_bytes("red", "circle")

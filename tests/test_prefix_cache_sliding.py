@@ -15,7 +15,7 @@ import functools
 
 import pytest
 
-from tests import api_helpers, vlm_families
+from fixtures import api_helpers, vlm_families
 from tests.test_vlm_families_host import NEW_TOKENS, check, hf_reply, png
 
 # One sliding and one full layer each, so the pictures stay in view of the last tokens.

@@ -3,7 +3,7 @@
 The end-to-end proof is `tools/check_in_tgw.sh` (every family inside text-generation-webui 1dcde41d at
 its own pins, reply tokens against Hugging Face's). Here:
 - `image_text`: the text each family's chat template writes for one image, against the templates the
-  checkpoints were built with (written out in tests/vlm_families.py, not derived);
+  checkpoints were built with (written out in fixtures/vlm_families.py, not derived);
 - `processor_inputs`: a tagged prompt gives what Hugging Face's processor (`tests/hf_reference.py`)
   gives for that template text and those pictures, and the BOS rule;
 - `pil_image_processor_by_name`: the image processor found by class name (transformers 5.6's route)
@@ -22,7 +22,7 @@ from extensions.multimodal.pipelines.hf_auto.image_tokens import image_text
 from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs, with_bos_rule
 from extensions.multimodal.core.processor_loading import load_processor, pil_image_processor_by_name
 from tests import hf_reference
-from tests.vlm_families import TEMPLATE_IMAGE_TEXT
+from fixtures.vlm_families import TEMPLATE_IMAGE_TEXT
 
 
 def picture(seed: int, size=(64, 48)) -> Image.Image:

@@ -17,7 +17,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from extensions.multimodal.core.image_codec import make_tag
 from extensions.multimodal.tgw.template_parts import PartsTemplate
 from extensions.multimodal.tgw.template_tags import GenerationTag
-from tests.vlm_families import AYA_TEMPLATE, HUB_TEMPLATES, TEMPLATE_IMAGE_TEXT, hub_template
+from fixtures.vlm_families import AYA_TEMPLATE, HUB_TEMPLATES, TEMPLATE_IMAGE_TEXT, hub_template
 
 FAMILIES = sorted(path.stem for path in HUB_TEMPLATES.glob("*.jinja"))
 PARTS_ONLY = ["idefics3", "llava", "llava_next", "llava_onevision", "smolvlm"]

@@ -27,7 +27,7 @@ from transformers import AutoModelForImageTextToText, LogitsProcessorList
 from modules import shared
 from modules.text_generation import encode
 from tests import hf_reference
-from tests.vlm_families import TEMPLATE_IMAGE_TEXT
+from fixtures.vlm_families import TEMPLATE_IMAGE_TEXT
 
 NEW_TOKENS = 6
 QUESTIONS = ["What is in the picture?", "And its colour?"]

@@ -1,6 +1,6 @@
 """The family core against Hugging Face's own `generate(**processor(...))`, per family.
 
-Each family's tiny checkpoint (tests/vlm_families.py) is loaded as a user's folder would be
+Each family's tiny checkpoint (fixtures/vlm_families.py) is loaded as a user's folder would be
 (`AutoModelForImageTextToText.from_pretrained`; the core's `load_processor` for our side, and
 transformers' own processor, `tests/hf_reference.py`, for the reference side). Both sides take the
 prompt ids Hugging Face's processor writes for the chat template's text (`processor(text=...,
@@ -38,7 +38,8 @@ from extensions.multimodal.pipelines.hf_auto.image_tokens import (ProcessedImage
 from extensions.multimodal.core.processor_loading import load_processor
 from extensions.multimodal.core.prompt_parts import split_prompt
 from modules import model_inputs, shared
-from tests import hf_reference, vlm_families
+from fixtures import vlm_families
+from tests import hf_reference
 
 NEW_TOKENS = 8
 MIN_GAP = 1e-3  # top-two logit gap below which a greedy step could flip on harmless float noise

@@ -1,6 +1,6 @@
 """Every image-text family through the host, as a user's folder: token-identical to Hugging Face.
 
-Each family's tiny checkpoint (tests/vlm_families.py) is loaded as `python server.py --model DIR`
+Each family's tiny checkpoint (fixtures/vlm_families.py) is loaded as `python server.py --model DIR`
 would load it (`host_helpers.load`: the host's model loader, the multimodal extension picking the
 `transformers` pipeline by itself). A chat turn goes through the host's own chat function with the
 pictures sent as PNG bytes (`state['message_images']`, what the UI's upload and the API hand over),
@@ -23,7 +23,8 @@ import torch
 from PIL import Image
 
 from modules import chat, shared
-from tests import api_helpers, hf_reference, host_helpers, vlm_families
+from fixtures import api_helpers, host_helpers, vlm_families
+from tests import hf_reference
 
 FAMILIES = list(vlm_families.FAMILIES)
 NEW_TOKENS = 8

@@ -107,7 +107,7 @@ caches() {  # the extension's caches in the real server: pictures on later turns
     "$ROOT/tools/tgw_cache_check.py" "$W" "$W/families" "${fams[@]}"
 }
 
-refusals() {  # the bad-picture corpus (tests/bad_pictures.py) through text-generation-webui's real server
+refusals() {  # the bad-picture corpus (fixtures/bad_pictures.py) through text-generation-webui's real server
   local fam=${FAMILIES:-qwen2_5_vl}
   check head-bad-pictures "$W/bad-pictures-verdict.log" /tmp/tgw_venv_head/bin/python \
     "$ROOT/tools/tgw_bad_pictures.py" "$W" "$W/families" "${fam%% *}"

@@ -1,4 +1,4 @@
-"""The bad-picture corpus (tests/bad_pictures.py) through today's text-generation-webui's real server.
+"""The bad-picture corpus (fixtures/bad_pictures.py) through today's text-generation-webui's real server.
 
     python tools/tgw_bad_pictures.py HARNESS_WORK_DIR FAMILIES_DIR FAMILY
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests import bad_pictures  # noqa: E402
+from fixtures import bad_pictures  # noqa: E402
 from tools.tgw_server_check import data_url, free_port, start, wait_for  # noqa: E402
 
 

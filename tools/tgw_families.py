@@ -2,7 +2,7 @@
 
     python tools/tgw_families.py build OUT_DIR [FAMILY ...]
         (this repository's venv) writes OUT_DIR/models/<family>/, the tiny checkpoint
-        tests/vlm_families.py builds, saved as a user's folder, and OUT_DIR/<family>.json, the
+        fixtures/vlm_families.py builds, saved as a user's folder, and OUT_DIR/<family>.json, the
         harness's --models-info for it.
     python tools/tgw_families.py reference REPORT.json [--invert-picture]
         (text-generation-webui's venv; run with its tree on sys.path) checks every turn of one
@@ -47,7 +47,7 @@ IMAGE_TEXT = {
 
 def build(out: Path, families: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from tests.vlm_families import FAMILIES
+    from fixtures.vlm_families import FAMILIES
 
     (out / "hf_home").mkdir(parents=True, exist_ok=True)  # an empty offline cache: nothing is fetched
     for family in families or FAMILIES:
