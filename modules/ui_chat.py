@@ -20,8 +20,11 @@ their values as PARAMETER_KEYS values, then the extension inputs', then the opti
 
 The context meter under the chat ("Context: X / Y tokens") is the prompt the next turn starts from:
 the history as it stands rendered with an empty message (`chat.generate_chat_prompt`, measured by
-`get_encoded_length`, so extensions count their pictures), out of the truncation length. It is
-measured after each turn, Regenerate, Remove last, Clear and Load, and when those two parameters change.
+`get_encoded_length`, so extensions count their pictures), out of the truncation length. What waits
+in the per-message extension inputs goes into that message through the `chat_input` hooks, as a send
+puts it there: a picture attached but not yet sent counts at its real cost, which is what a user
+wants to know before sending. It is measured after each turn, Regenerate, Remove last, Clear and Load,
+and when those two parameters, an extension input or an extension option change.
 
 Errors raised while generating (ValueError for a bad image, too many images, a prompt that cannot
 fit, a refusal from a remote engine; anything from a pipeline) become a warning toast plus a notice
@@ -78,7 +81,7 @@ def split_values(values: tuple) -> tuple[tuple, tuple, tuple]:
 
 
 def without_inputs(values: tuple) -> tuple:
-    """The values of a handler that takes no message inputs (Regenerate, the meter): PARAMETER_KEYS
+    """The values of a handler that takes no message inputs (Regenerate): PARAMETER_KEYS
     values, then optionally the options' values, laid out for `split_values` with empty inputs."""
     n_params = len(PARAMETER_KEYS)
     if len(values) == n_params:
@@ -172,17 +175,27 @@ def regenerate(history: dict, *values, stop: threading.Event | None = None) -> I
 
 
 def context_meter(history: dict, *values) -> str:
-    """"Context: X / Y tokens": the prompt the next turn starts from, out of the truncation length.
-    `values` as `regenerate`'s. Empty while no model is loaded."""
+    """"Context: X / Y tokens": the prompt the next turn starts from, with what waits in the extension
+    inputs, out of the truncation length. `values` as `split_values`'. Empty while no model is loaded."""
     if shared.model is None:
         return ""
-    state = state_from_values(history, *without_inputs(values))
+    state = state_from_values(history, *values)
     try:
-        used = get_encoded_length(chat.generate_chat_prompt("", state))
-    except ValueError as error:  # e.g. a loaded history holding a picture that cannot be read
-        logger.warning(f"The context meter cannot measure the history: {error}")
+        used = get_encoded_length(chat.generate_chat_prompt(pending_message(state), state))
+    except ValueError as error:  # e.g. a loaded history, or a picture waiting, that cannot be read
+        logger.warning(f"The context meter cannot measure the next prompt: {error}")
         return html.escape(f"Context: cannot be measured ({error}) / {state['truncation_length']} tokens")
     return f"Context: {used} / {state['truncation_length']} tokens"
+
+
+def pending_message(state: dict) -> str:
+    """The next message as far as it is known before it is sent: no text, and what waits in the extension
+    inputs (`state`'s) written in by the `chat_input` hooks (the multimodal extension's pictures as its
+    tags). The hooks run only when something waits: with nothing, they would take a picture meant for
+    the next send from a host-wide hand-over such as text-generation-webui's `input_hijack`."""
+    if not any(state.get(key) for key in extension_input_keys()):
+        return ""
+    return chat.user_message("", state)[0]
 
 
 def take_inputs(text: str, history: dict, *extension_values) -> tuple:
@@ -303,7 +316,7 @@ def wire_send(params: list, options: list) -> None:
             show_progress="hidden").then(
             restore_unsent_text, [g["last_input"], g["history"], turns_before], g["textbox"],
             queue=False, show_progress="hidden").then(
-            context_meter, [g["history"], *params, *options], g["context_meter"], show_progress="hidden")
+            context_meter, [g["history"], *params, *ext_inputs, *options], g["context_meter"], show_progress="hidden")
 
 
 def wire_events() -> None:
@@ -312,8 +325,9 @@ def wire_events() -> None:
     options = [g["extension_options"][key] for key in extension_option_keys()]
     display_and_history = [g["display"], g["history"]]
     wire_send(params, options)
-    measure = {"fn": context_meter, "inputs": [g["history"], *params, *options], "outputs": g["context_meter"],
-               "show_progress": "hidden"}
+    ext_inputs = [g["extension_inputs"][key] for key in extension_input_keys()]
+    measure = {"fn": context_meter, "inputs": [g["history"], *params, *ext_inputs, *options],
+               "outputs": g["context_meter"], "show_progress": "hidden"}
     g["Regenerate"].click(regenerate_in_session, [g["history"], *params, *options], display_and_history,
                           show_progress="hidden").then(**measure)
     g["Stop"].click(stop_session, None, None, queue=False)
@@ -323,6 +337,8 @@ def wire_events() -> None:
     g["Load history"].click(load, [g["history"], g["saved_histories"]], display_and_history).then(**measure)
     for name in ("max_new_tokens", "truncation_length"):  # both decide what the next prompt keeps
         g[name].change(trigger_mode="always_last", **measure)
+    for component in (*ext_inputs, *options):  # a picture attached, removed or given another budget
+        component.change(trigger_mode="always_last", **measure)
 
 
 def create_interface() -> gr.Blocks:

@@ -295,3 +295,35 @@ def test_the_context_meter_counts_the_next_prompt_as_the_tokenizer_does(llama):
 def test_the_context_meter_is_empty_without_a_model(host):
     shared.model = None
     assert ui_chat.context_meter(chat.new_history(), *params(4)) == ""
+
+
+def test_the_context_meter_counts_a_picture_attached_but_not_yet_sent(host, tmp_path):
+    """The meter is most useful before sending: a picture waiting in the image input counts at its real
+    cost. The oracle is the turn itself: sending that picture (no text) uses exactly the tokens the meter
+    showed while it waited. The demo model is the one a new user sees this on."""
+    import random
+
+    from tests.conftest import ROOT
+    from tools.demo_model.pictures import draw_scene, random_scene
+
+    demo = ROOT / "models" / shared.DEMO_MODEL
+    if not (demo / "config.json").exists():
+        pytest.skip(f"{demo} is absent: run python -m tools.demo_model.train")
+    rng = random.Random(7)
+    picture = tmp_path / "red-circle.png"
+    draw_scene(random_scene(rng, kinds=[("red", "circle")]), rng, size=(200, 160)).save(picture)
+    host.load(demo, ["multimodal"])
+    interface = ui_chat.create_interface()
+    assert ui_chat.extension_input_keys() == ["message_images"]
+    history = chat.new_history()
+    empty = ui_chat.context_meter(history, *params(4), None, "default")
+    waiting = ui_chat.context_meter(history, *params(4), [str(picture)], "default")
+    state = ui_chat.state_from_values(history, *params(4), [str(picture)], "default")
+    for _ in chat.generate_chat_reply("", state):
+        pass
+    used, limit = state["generation_stats"]["prompt_tokens"], shared.settings["truncation_length"]
+    assert waiting == f"Context: {used} / {limit} tokens" and empty != waiting, (empty, waiting, used)
+    # Measured again when a picture is attached or removed, or its budget changes, not only after a send.
+    triggers = {tuple(t) for d in handlers(interface, ui_chat.context_meter) for t in d["targets"]}
+    for component in (shared.gradio["message_images"], shared.gradio["multimodal_budget"]):
+        assert (component._id, "change") in triggers
