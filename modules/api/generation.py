@@ -199,9 +199,12 @@ def generation_error(error: Exception) -> APIError:
         return error
     if isinstance(error, EngineUnavailableError):
         logger.error(f"API request failed: {error}")
-        return APIError(503, str(error), code=error.code)
-    if isinstance(error, ValueError):
+        answer = APIError(503, str(error), code=error.code)
+    elif isinstance(error, ValueError):
         logger.warning(f"API request refused: {error}")
-        return APIError(400, str(error), code=str(getattr(error, "code", None) or "invalid_request"))
-    logger.error("API generation failed", exc_info=error)
-    return APIError(500, f"Generation failed: {type(error).__name__}: {error}", code="generation_failed")
+        answer = APIError(400, str(error), code=str(getattr(error, "code", None) or "invalid_request"))
+    else:
+        logger.error("API generation failed", exc_info=error)
+        answer = APIError(500, f"Generation failed: {type(error).__name__}: {error}", code="generation_failed")
+    answer.logged = True  # here, with the cause (a stream's error event reaches no handler that would log it)
+    return answer
