@@ -1,0 +1,261 @@
+"""Decode speed: our host's chat turn against Hugging Face's `generate` on the same picture chat.
+
+A llava-hf model (bench/multiturn.py's builders) holds a chat of four turns with two pictures, each
+reply `--new-tokens` long, written once by our host; then the fifth turn is answered `--runs` times
+by each column, interleaved (the order flips each run, so noise on a shared machine hits all alike):
+  ours:        the host's real chat path (`chat.generate_chat_reply`, prefix KV reuse on), tokens/s
+               from the first streamed token to the last, as the UI and the API receive them;
+  hf:          `model.generate(**processor(whole chat))` with a streamer that only notes the time;
+  hf_static:   (`--compiled`) the same with `cache_implementation="static"`: on CUDA transformers
+               compiles the decode step; on a CPU it does not (a static cache, eager);
+  ours_static: (`--compiled`) our host with its static-cache setting (`--static-cache`).
+Greedy decoding everywhere; EOS and the image placeholder are banned in every column.
+
+Sizes: `--size small --text-layers 2` (default) is the overhead-bound proxy (width 768, 2 layers: a
+CPU is bound by per-token overhead like a GPU only with a small model); `--size real --text-layers 32`
+is LLaVA-1.5-7B's shapes. Identity is tie-aware: where a column's reply differs from HF eager's, the
+first differing step and HF's own top-two logit margin there are reported; a margin of exactly 0 is a
+tie (either token is right), not a defect. On CUDA the JSON also gives each column's fraction of the
+memory-bandwidth limit: tokens/s x bytes of weights read per token (the language model without its
+input embeddings) / bandwidth (`--bandwidth` TB/s, else a table by GPU name).
+
+    python bench/decode.py --runs 5                                        # the CPU proxy
+    python bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --compiled --json
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import multiturn  # noqa: E402
+from modules import chat, shared  # noqa: E402
+
+# Memory bandwidth by GPU name (TB/s), matched in order: "H100 PCIe" before "H100".
+BANDWIDTH_TBPS = [("H100 PCIe", 2.0), ("H100", 3.35), ("H200", 4.8)]
+HISTORY_TURNS = 4  # the turns written before the measured one (pictures on turns 1 and 3)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
+                        help="default: fp32 on a CPU, bf16 on CUDA")
+    parser.add_argument("--size", choices=list(multiturn.SIZES), default="small")
+    parser.add_argument("--text-layers", type=int, default=None, help="default: 2 (small), 32 (real)")
+    parser.add_argument("--vision-layers", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--compiled", action="store_true",
+                        help="also HF generate(cache_implementation='static') and our host's --static-cache")
+    parser.add_argument("--bandwidth", type=float, default=None, help="the GPU's memory bandwidth in TB/s")
+    parser.add_argument("--model-dir", type=str, default=None, help="keep the model folder here (reused when present)")
+    parser.add_argument("--json", action="store_true", help="print only one JSON object")
+    args = parser.parse_args(argv)
+    size = multiturn.SIZES[args.size]
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    args.text_layers = args.text_layers or (2 if args.size == "small" else 32)
+    args.vision_layers = args.vision_layers or size.vision_layers
+    args.max_new_tokens = args.new_tokens  # the name bench/multiturn.py's helpers read
+    if args.dtype not in ("bf16", multiturn.base_dtype(args)):
+        parser.error(f"--dtype {args.dtype} is not what the host loads on {args.device}: "
+                     f"use bf16 or {multiturn.base_dtype(args)}")
+    return args
+
+
+def log(args, message: str) -> None:
+    if not args.json:
+        print(message, flush=True)
+
+
+# -- The chat ----------------------------------------------------------------------------------------
+
+def write_history(args) -> dict:
+    """The four turns before the measured one, answered by our host (pictures on turns 1 and 3)."""
+    side = multiturn.SIZES[args.size].image_size
+    history = chat.new_history()
+    for turn in range(HISTORY_TURNS):
+        images = [multiturn.png_bytes(multiturn.picture(multiturn.IMAGE_TURNS[turn], side))] \
+            if turn in multiturn.IMAGE_TURNS else None
+        for history in chat.generate_chat_reply(multiturn.QUESTIONS[turn], turn_state(args, history, images),
+                                                loading_message=False):
+            pass
+    return history
+
+
+def turn_state(args, history: dict, images: list | None = None, **settings) -> dict:
+    return chat.new_state(history, do_sample=False, max_new_tokens=args.new_tokens, ban_eos_token=True, seed=0,
+                          message_images=images, **settings)
+
+
+# -- The columns -------------------------------------------------------------------------------------
+
+def run_ours(args, history: dict, **settings) -> dict:
+    """One measured turn through the host's chat: TTFT, decode tokens/s, the reply."""
+    state = turn_state(args, history, **settings)
+    started = time.perf_counter()
+    samples = []  # (seconds since start, tokens generated so far) at each yield
+    latest = history
+    for latest in chat.generate_chat_reply(multiturn.QUESTIONS[HISTORY_TURNS], state, loading_message=False):
+        samples.append((time.perf_counter() - started, state["generation_stats"]["completion_tokens"]))
+    tokens = samples[-1][1]
+    first = next(s for s in samples if s[1] >= 1)
+    last = next(s for s in samples if s[1] == tokens)  # the yield that carried the last token
+    return {"ttft": first[0], "tps": (last[1] - first[1]) / max(last[0] - first[0], 1e-9), "tokens": tokens,
+            "prompt_tokens": state["generation_stats"]["prompt_tokens"], "reply": latest["internal"][-1][1]}
+
+
+def hf_inputs(args, history: dict):
+    asked = {key: turns + [[multiturn.QUESTIONS[HISTORY_TURNS], ""]] for key, turns in history.items()}
+    prompt, images = multiturn.hf_conversation(asked, HISTORY_TURNS)
+    inputs = multiturn.hf_processor()(text=prompt, images=images or None, return_tensors="pt").to(args.device)
+    inputs["pixel_values"] = inputs["pixel_values"].to(shared.model.dtype)
+    return inputs
+
+
+def hf_generate(args, inputs, **kwargs):
+    return shared.model.generate(**inputs, max_new_tokens=args.new_tokens, do_sample=False,
+                                 suppress_tokens=[shared.tokenizer.eos_token_id, shared.model.config.image_token_id],
+                                 pad_token_id=shared.tokenizer.pad_token_id, **kwargs)
+
+
+def run_hf(args, history: dict, **kwargs) -> dict:
+    """One measured turn through Hugging Face's generate on the whole chat (processor time included in TTFT)."""
+    started = time.perf_counter()
+    inputs = hf_inputs(args, history)
+    timer = multiturn.TokenTimer()
+    with torch.inference_mode():
+        out = hf_generate(args, inputs, streamer=timer, **kwargs)
+    new = out[0, inputs["input_ids"].shape[1]:]
+    return {"ttft": timer.first - started, "tps": (len(new) - 1) / max(timer.last - timer.first, 1e-9),
+            "tokens": len(new), "prompt_tokens": int(inputs["input_ids"].shape[1]),
+            "reply": shared.tokenizer.decode(new, skip_special_tokens=True).lstrip(" ")}
+
+
+def hf_reference(args, history: dict) -> tuple[list[int], list[torch.Tensor]]:
+    """HF eager's greedy ids and each step's processed scores (untimed), for tie-aware identity."""
+    inputs = hf_inputs(args, history)
+    with torch.inference_mode():
+        out = hf_generate(args, inputs, output_scores=True, return_dict_in_generate=True)
+    return out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), [s[0].float().cpu() for s in out.scores]
+
+
+def identity(reply: str, reference_ids: list[int], scores: list[torch.Tensor]) -> dict:
+    """Whether `reply` is HF eager's reply; else the first step whose token's text leaves `reply`, and
+    HF's top-two margin there (0.0: an exact tie, either token is greedy's)."""
+    for step in range(len(reference_ids)):
+        text = shared.tokenizer.decode(reference_ids[:step + 1], skip_special_tokens=True).lstrip(" ")
+        if not reply.startswith(text):
+            top2 = scores[step].topk(2).values
+            margin = float(top2[0] - top2[1])
+            return {"identical": False, "first_differing_step": step, "hf_top2_margin": margin, "tie": margin == 0.0}
+    full = shared.tokenizer.decode(reference_ids, skip_special_tokens=True).lstrip(" ")
+    return {"identical": reply == full, "first_differing_step": None if reply == full else len(reference_ids)}
+
+
+def columns(args) -> dict:
+    """Column name -> a function of the history giving one measured run."""
+    cols = {"ours": lambda h: run_ours(args, h),
+            "hf": lambda h: multiturn.on_compute_thread(run_hf, args, h)}
+    if args.compiled:
+        cols["hf_static"] = lambda h: multiturn.on_compute_thread(
+            lambda hh: run_hf(args, hh, cache_implementation="static"), h)
+        cols["ours_static"] = lambda h: run_ours(args, h, static_cache=True)
+    return cols
+
+
+def measure(args, history: dict) -> dict:
+    cols = columns(args)
+    for name, run in cols.items():  # warm-up: allocator, OpenMP team, and the compile of the static path
+        started = time.perf_counter()
+        run(history)
+        log(args, f"warm-up {name}: {time.perf_counter() - started:.1f} s")
+    runs: dict[str, list[dict]] = {name: [] for name in cols}
+    order = list(cols)
+    for index in range(args.runs):
+        for name in (order if index % 2 == 0 else order[::-1]):
+            result = cols[name](history)
+            runs[name].append(result)
+            log(args, f"run {index + 1} {name:>11}: ttft {result['ttft'] * 1e3:8.1f} ms, {result['tps']:7.1f} tokens/s")
+    return runs
+
+
+# -- The report --------------------------------------------------------------------------------------
+
+def weight_bytes_per_token() -> int:
+    """Bytes of weights one decode step reads: the language model and its head, not the input embedding
+    table (one row of it) nor the vision tower (not run while decoding)."""
+    language = shared.model.model.language_model
+    embed = language.get_input_embeddings().weight
+    head = shared.model.get_output_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in language.parameters()) - embed.numel() * embed.element_size()
+    return total + (head.numel() * head.element_size() if head.data_ptr() != embed.data_ptr() else 0)
+
+
+def bandwidth_tbps(args, name: str) -> float | None:
+    if args.bandwidth is not None:
+        return args.bandwidth
+    return next((tbps for key, tbps in BANDWIDTH_TBPS if key in name), None)
+
+
+def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]]) -> dict:
+    name = multiturn.device_name(args)
+    out: dict = {"device": name, "dtype": args.dtype, "size": args.size, "text_layers": args.text_layers,
+                 "new_tokens": args.new_tokens, "runs": args.runs,
+                 "prompt_tokens": runs["hf"][0]["prompt_tokens"]}
+    bandwidth = bandwidth_tbps(args, name) if args.device == "cuda" else None
+    per_token = weight_bytes_per_token()
+    for column, results in runs.items():
+        tps = [r["tps"] for r in results]
+        entry = {"tokens_per_s": [round(t, 1) for t in tps], "median_tokens_per_s": round(statistics.median(tps), 1),
+                 "ttft_ms": [round(r["ttft"] * 1e3, 1) for r in results],
+                 "median_ttft_ms": round(statistics.median(r["ttft"] for r in results) * 1e3, 1),
+                 "identity_vs_hf": identity(results[0]["reply"], *reference)}
+        if bandwidth:
+            entry["bandwidth_fraction"] = round(entry["median_tokens_per_s"] * per_token / (bandwidth * 1e12), 3)
+        out[column] = entry
+    out["ratio_ours_vs_hf"] = round(out["ours"]["median_tokens_per_s"] / out["hf"]["median_tokens_per_s"], 3)
+    if "ours_static" in out:
+        out["ratio_ours_static_vs_hf"] = round(out["ours_static"]["median_tokens_per_s"] /
+                                               out["hf"]["median_tokens_per_s"], 3)
+        out["ratio_ours_static_vs_hf_static"] = round(out["ours_static"]["median_tokens_per_s"] /
+                                                      out["hf_static"]["median_tokens_per_s"], 3)
+    if bandwidth:
+        out["bandwidth_tbps"] = bandwidth
+        out["weight_gb_per_token"] = round(per_token / 1e9, 2)
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_grad_enabled(False)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(args.model_dir or Path(tmp) / "bench-llava")
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):  # --json: one object on stdout
+            if not (model_dir / "config.json").exists():
+                multiturn.build_model(model_dir, args)
+            multiturn.load_host(model_dir, args, args.dtype)
+        history = write_history(args)
+        runs = measure(args, history)
+        result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history))
+    if not args.json:
+        for column in runs:
+            entry = result[column]
+            print(f"{column:>11}: median {entry['median_tokens_per_s']:7.1f} tokens/s, TTFT {entry['median_ttft_ms']:8.1f} ms, "
+                  f"identical to HF: {entry['identity_vs_hf']}")
+        print(f"ours / HF: {result['ratio_ours_vs_hf']}  (prompt {result['prompt_tokens']} tokens)")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
