@@ -19,7 +19,9 @@ Each chat turn (`modules.chat.generate_chat_reply`, the same for the UI and `/v1
   4. `history_modifier(history)`, `state_modifier(state)`;
   5. `chat_input_modifier(text, visible_text, state)` -> (text for the model, text for the UI);
      pictures sent with the message are in `state['message_images']` (UI uploads, API image parts):
-     an extension that uses them pops the key (pictures nobody takes are refused);
+     an extension that uses them pops the key (pictures nobody takes are refused). This host's
+     context meter calls it too while per-message inputs hold something (no text, those inputs in
+     `state`), and no turn follows: keep it free of side effects beyond `state`;
   6. `input_modifier(string, state, is_chat)`;
   7. `custom_generate_chat_prompt(user_input, state, **kwargs)` -> a prompt, or leave it undefined;
      otherwise the host builds it and calls `bot_prefix_modifier(string, state)` on the start of the

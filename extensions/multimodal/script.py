@@ -4,11 +4,14 @@ It runs unchanged in this repository's host and in text-generation-webui, old (t
 shipped the original extension) and current (whose Transformers loader has no vision), from
 `extensions/multimodal/` or, in the current one, `user_data/extensions/multimodal/`. Of the host it
 uses only names every one of them has (`modules.shared`, `modules.text_generation.encode` /
-`get_max_prompt_length`, `modules.logging_colors.logger`), and on the processor route, which only
-today's text-generation-webui takes, its `generate_reply_HF`; anything more is feature-detected.
+`get_max_prompt_length`, `modules.logging_colors.logger`), and, where the extension generates for an
+image-text checkpoint (today's text-generation-webui, on the fast path and the processor route
+alike: tgw/generation.py), `modules.text_generation.generate_reply_HF`; anything more is
+feature-detected.
 
 This file is the hook table: each hook hands its work to the module that holds it. The folders say
-which host a module serves: `core/` both (what a picture becomes), `tgw/` text-generation-webui only,
+which host a module serves: `core/` both (what a picture becomes), `tgw/` text-generation-webui (this
+file imports it in every host; in this repository's host its calls find nothing to do),
 `lean_host/` this repository's host only; `pipelines/` the vision parts (`hf_auto/`: today's
 transformers checkpoints; `llava/`: the original LLaVA releases); `abstract_pipeline.py` the
 contract third-party pipelines implement. docs/ARCHITECTURE.md maps them.
