@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
 from extensions.multimodal.core import pipeline_loader
 from extensions.multimodal.core.pipeline_loader import BUILTIN_PIPELINES_DIR, load_pipeline, pipeline_roots
 from modules import shared
@@ -77,6 +78,16 @@ def test_a_module_that_raises_on_import_is_logged_and_skipped(roots, caplog):
     assert (pipeline.name(), module) == ("beta", "zz_no_auto")
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "broken" in logged and "ZeroDivisionError" in logged and "Traceback" in logged
+
+
+def test_a_pipeline_that_does_not_subclass_the_contract_gets_its_defaults(roots):
+    """Its class gains the contract's defaults for the methods it lacks; its own name and attributes stay."""
+    shared.args.multimodal_pipeline = "beta"
+    pipeline, _ = load_pipeline({"x": 1}, roots=roots)
+    assert isinstance(pipeline, AbstractMultimodalPipeline)
+    assert type(pipeline).__qualname__ == "Pipeline" and pipeline.params == {"x": 1}
+    assert (pipeline.cache_key(), pipeline.embeds_all_images(), pipeline.layout_depends_on_count(),
+            pipeline.budget_knob(), pipeline.features_exact_here()) == ("beta", False, False, None, True)
 
 
 def test_auto_pick_from_the_model_name_skips_modules_without_the_function(roots):

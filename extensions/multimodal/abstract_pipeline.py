@@ -107,6 +107,11 @@ class AbstractMultimodalPipeline(ABC):
         return ImageLayout(torch.full((self.num_image_embeds_for(image),), int(self.placeholder_token_id()),
                                       dtype=torch.int64))
 
+    def layout_depends_on_count(self) -> bool:
+        """Whether a picture's ids and rows change once its prompt holds several (LLaVA-OneVision); then
+        `image_layout` and `embed_images` take `several=True` for such prompts, cached apart."""
+        return False
+
     def generate_kwargs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: List[ImageLayout],
                         features: List[torch.Tensor]) -> Optional[Callable[[int, object], dict]]:
         """How the model takes this prompt, when stitched `inputs_embeds` alone are not enough; None when they are.
@@ -145,21 +150,39 @@ class AbstractMultimodalPipeline(ABC):
         False: only the newest (older ones get `placeholder_embeddings()`), as the original extension did."""
         return False
 
+    def features_exact_here(self) -> bool:
+        """Whether `embed_images` and `generate_kwargs` give the model's own tokens with the installed
+        libraries; where not, a host that takes no routes (text-generation-webui) uses `processor_inputs`."""
+        return True
+
+    def processor_kwargs(self, budget) -> dict:
+        """The model's processor's own keyword arguments for a picture budget (a remote engine passes them to
+        its processor); none by default."""
+        return {}
+
+    def processor_inputs(self, prompt: str, add_bos: bool, max_pixels: int, budget=None):
+        """The model's own processor inputs for `prompt` (tags standing for image parts) for
+        `model.generate(**inputs)`; needed only where `features_exact_here()` is False."""
+        raise NotImplementedError(f"The pipeline '{self.name()}' has no processor route: its features are exact "
+                                  f"here (features_exact_here), so the embedder's inputs serve every host.")
+
     # -- Helpers for subclasses -----------------------------------------------------------------
 
-    def _get_device(self, setting_name: str, params: dict) -> torch.device:
-        """A `*_device` param as a device; None: the language model's own (the original extension picked
-        cuda:0 whenever CUDA existed, even for a model run on the CPU with --cpu)."""
+    def _get_device(self, setting_name: str, params: dict,
+                    placement: Optional[tuple[torch.device, torch.dtype]] = None) -> torch.device:
+        """A `*_device` param as a device; None: the language model's own, `placement[0]` (the original
+        extension picked cuda:0 whenever CUDA existed, even for a model run on the CPU with --cpu)."""
         if params.get(setting_name) is None:
-            return _model_placement()[0]
+            return (placement or host_model_placement())[0]
         return torch.device(params[setting_name])
 
-    def _get_dtype(self, setting_name: str, params: dict, device: Optional[torch.device] = None) -> torch.dtype:
-        """A `*_bits` param as a dtype; None: the language model's own. 16 on a CPU `device` means
-        bfloat16: CPUs have no fast float16."""
+    def _get_dtype(self, setting_name: str, params: dict, device: Optional[torch.device] = None,
+                   placement: Optional[tuple[torch.device, torch.dtype]] = None) -> torch.dtype:
+        """A `*_bits` param as a dtype; None: the language model's own, `placement[1]`. 16 on a CPU
+        `device` means bfloat16: CPUs have no fast float16."""
         value = params.get(setting_name)
         if value is None:
-            return _model_placement()[1]
+            return (placement or host_model_placement())[1]
         if value in (32, '32', 'fp32', 'float32'):
             return torch.float32
         if value in (16, '16', 'fp16', 'float16'):
@@ -169,14 +192,16 @@ class AbstractMultimodalPipeline(ABC):
         raise ValueError(f"{setting_name}={value!r}: expected 32, 16 or 'bf16'")
 
 
-def _model_placement() -> tuple[torch.device, torch.dtype]:
-    """The loaded language model's device and dtype (the CPU and float32 before one is loaded)."""
-    from extensions.multimodal.core import loaded_model
+def host_model_placement() -> tuple[torch.device, torch.dtype]:
+    """The host's loaded model's input-embedding device and dtype (the CPU and float32 before one is
+    loaded), for pipelines written for the original extension, which call `_get_device(name, params)`
+    with no placement: read from `modules.shared`, the one host name every host has."""
     from modules import shared
 
     if shared.model is None:
         return torch.device("cpu"), torch.float32
-    return loaded_model.placement()
+    weight = shared.model.get_input_embeddings().weight
+    return weight.device, weight.dtype
 
 
 def overrides(pipeline, method_name: str) -> bool:

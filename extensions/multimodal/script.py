@@ -251,8 +251,8 @@ def image_tag_pattern():
 def image_placeholder():
     """This repository's host: the text the model's chat template writes for an image part, where its
     structured rendering puts each image's tag; None when the pipeline names none."""
-    placeholder = getattr(served_model.current_pipeline(), "chat_template_placeholder", None)
-    return placeholder() if placeholder is not None else None
+    pipeline = served_model.current_pipeline()  # None: no model served yet
+    return pipeline.chat_template_placeholder() if pipeline is not None else None
 
 
 def logits_processor_modifier(processor_list, input_ids):

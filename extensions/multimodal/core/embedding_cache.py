@@ -29,8 +29,7 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
 
 def pipeline_context(pipeline, params: dict) -> str:
     """Everything besides the image bytes that changes a pipeline's image embeddings."""
-    # Third-party pipelines may predate cache_key(); their name is the best key they offer.
-    key = pipeline.cache_key() if hasattr(pipeline, "cache_key") else pipeline.name()
+    key = pipeline.cache_key()
     settings = ",".join(f"{name}={params.get(name)!r}" for name in PARAMS_CHANGING_EMBEDDINGS)
     return f"{type(pipeline).__module__}.{type(pipeline).__qualname__}|{key}|{settings}|codec={CODEC_VERSION}"
 

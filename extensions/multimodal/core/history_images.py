@@ -24,7 +24,7 @@ IMAGE_PLACEHOLDER = "<image>"  # where a message wants its next picture
 
 def history_max_side() -> int:
     pipeline = served_model.current_pipeline()
-    preferred = pipeline.preferred_image_size() if hasattr(pipeline, "preferred_image_size") else None
+    preferred = pipeline.preferred_image_size() if pipeline is not None else None  # None: no model served yet
     return int(preferred) if preferred else DEFAULT_HISTORY_MAX_SIDE
 
 

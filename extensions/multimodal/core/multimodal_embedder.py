@@ -124,9 +124,8 @@ class MultimodalEmbedder:
 
     def _check_image_limit(self, parts: List[PromptPart]) -> None:
         to_embed = sum(1 for part in parts if part.is_image and part.embedding is None)
-        limits = [(self.params.get("max_images_per_prompt"), "the multimodal-max_images_per_prompt setting")]
-        if hasattr(self.pipeline, "max_images_per_prompt"):
-            limits.append((self.pipeline.max_images_per_prompt(), f"the pipeline '{self.pipeline.name()}'"))
+        limits = [(self.params.get("max_images_per_prompt"), "the multimodal-max_images_per_prompt setting"),
+                  (self.pipeline.max_images_per_prompt(), f"the pipeline '{self.pipeline.name()}'")]
         for limit, source in limits:
             if limit is not None and to_embed > int(limit):
                 raise TooManyImagesError(

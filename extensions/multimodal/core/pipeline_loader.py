@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence, Tuple
 
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline
 from extensions.multimodal.core.folder_packages import register_package
 from modules import shared
 from modules.logging_colors import logger
@@ -98,7 +99,7 @@ def available_pipelines(modules: Sequence[ModuleType]) -> List[str]:
     return names
 
 
-def load_pipeline(params: dict, roots: Optional[Sequence[Path]] = None) -> Tuple[object, str]:
+def load_pipeline(params: dict, roots: Optional[Sequence[Path]] = None) -> Tuple[AbstractMultimodalPipeline, str]:
     """The pipeline to use and the folder name of the module that provided it.
 
     `roots` (tests) replaces the folders searched; by default they come from `pipeline_roots(params)`.
@@ -132,16 +133,30 @@ def how_to_name_one() -> str:
 
 
 def first_pipeline(modules: Sequence[ModuleType], function_name: str, name: str,
-                   params: dict) -> Optional[Tuple[object, str]]:
+                   params: dict) -> Optional[Tuple[AbstractMultimodalPipeline, str]]:
     for module in modules:
         function = getattr(module, function_name, None)
         if function is None:  # get_pipeline_from_model_name is optional
             continue
         pipeline = function(name, params)
         if pipeline is not None:
+            pipeline = with_contract_defaults(pipeline)
             logger.info(f"Multimodal: using the pipeline '{pipeline.name()}' from pipelines/{module_dir_name(module)}")
             return pipeline, module_dir_name(module)
     return None
+
+
+def with_contract_defaults(pipeline) -> AbstractMultimodalPipeline:
+    """`pipeline`, an `AbstractMultimodalPipeline`. One of a class that does not subclass it (written
+    against the original's eight methods alone) is given the contract's defaults for the rest here, once,
+    so the extension calls every method of the contract without guards: its class becomes a subclass of
+    its own class and the contract (its methods first; its name, module and attributes unchanged)."""
+    if isinstance(pipeline, AbstractMultimodalPipeline):
+        return pipeline
+    cls = type(pipeline)
+    pipeline.__class__ = type(cls.__name__, (cls, AbstractMultimodalPipeline),
+                              {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return pipeline
 
 
 def describe_available(modules: Sequence[ModuleType]) -> str:

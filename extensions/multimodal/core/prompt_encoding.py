@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from extensions.multimodal.core import dropped_pictures, notices
-from extensions.multimodal.abstract_pipeline import ImageLayout, overrides
+from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, overrides
 from extensions.multimodal.core.defaults import DROPPED_IMAGES, max_image_pixels, wants_bos
 from extensions.multimodal.core.embedding_cache import BoundedLRU, tensor_nbytes
 from extensions.multimodal.core.image_budget import Budget
@@ -41,9 +41,7 @@ class PromptEncoder:
         self.memo = BoundedLRU(MEMO_BYTES)
 
     def split(self, prompt: str) -> List[PromptPart]:
-        rewrite = getattr(self.pipeline, "prompt_text", None)  # absent in pipelines of the original
-        prompt = rewrite(prompt) if rewrite is not None else prompt
-        return split_prompt(prompt, self.pipeline.image_start(), self.pipeline.image_end())
+        return split_prompt(self.pipeline.prompt_text(prompt), self.pipeline.image_start(), self.pipeline.image_end())
 
     def measure(self, prompt: str, budget: Optional[Budget] = None) -> int:
         with torch.inference_mode():
@@ -95,8 +93,7 @@ class PromptEncoder:
 
     def several(self, parts: List[PromptPart]) -> bool:
         """Whether the prompt's pictures are laid out as several (only pipelines that say it matters)."""
-        depends = getattr(self.pipeline, "layout_depends_on_count", None)
-        return bool(depends and depends()) and count_images(parts) > 1
+        return self.pipeline.layout_depends_on_count() and count_images(parts) > 1
 
     def image_layout(self, part: PromptPart, embedded: bool, several: bool = False,
                      budget: Optional[Budget] = None) -> ImageLayout:
@@ -142,8 +139,7 @@ class PromptEncoder:
 
 def takes_budget(pipeline) -> bool:
     """Whether the pipeline lays out and embeds pictures by a budget (`budget_knob`)."""
-    knob = getattr(pipeline, "budget_knob", None)  # absent in pipelines of the original
-    return bool(knob and knob())
+    return pipeline.budget_knob() is not None
 
 
 def tell_dropped(state: dict, dropped: List[PromptPart], max_length: int) -> None:
@@ -156,13 +152,12 @@ def tell_dropped(state: dict, dropped: List[PromptPart], max_length: int) -> Non
                         f"max_new_tokens or start a new chat to keep them.")
 
 
-def embeds_all_images(params: dict, pipeline=None) -> bool:
-    """`add_all_images_to_prompt`, or when that is unset (None) the pipeline's own choice (none: False)."""
+def embeds_all_images(params: dict, pipeline: Optional[AbstractMultimodalPipeline]) -> bool:
+    """`add_all_images_to_prompt`, or when that is unset (None) the pipeline's own choice (no pipeline yet: False)."""
     setting = params.get("add_all_images_to_prompt")
     if setting is not None:
         return bool(setting)
-    preferred = getattr(pipeline, "embeds_all_images", None)  # absent in pipelines of the original
-    return bool(preferred and preferred())
+    return pipeline is not None and pipeline.embeds_all_images()
 
 
 def encode_after_special(text: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ generates instead (`extension_generates`; tgw/generation.py), on one of two rout
   embedder's ids, embeddings and route, as in this repository's host;
 - the processor route elsewhere (`processor_route`): the tokenizer hook hands text-generation-webui
   the processor's ids and leaves its other tensors in `state[PROCESSOR_INPUTS]`; the pipeline's
-  optional `processor_inputs` builds them.
+  `processor_inputs` builds them.
 This module knows no family: the pipeline does.
 """
 from __future__ import annotations
@@ -44,8 +44,7 @@ def processor_route(params: dict) -> bool:
     generate, every turn): where the extension generates and the pipeline's features are not exact here."""
     if not extension_generates(params):
         return False
-    exact = getattr(served_model.embedder(params).pipeline, "features_exact_here", None)
-    return exact is not None and not exact()
+    return not served_model.embedder(params).pipeline.features_exact_here()
 
 
 def route_inputs(tagged: str, state: dict, params: dict):

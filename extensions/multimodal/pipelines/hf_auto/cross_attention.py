@@ -24,12 +24,26 @@ never share a cached prefix past their `<|image|>` token.
 """
 from __future__ import annotations
 
+import re
 import weakref
 
 import torch
 from transformers import DynamicCache
 
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
+
 from .image_tokens import ProcessedImages, image_token_id
+
+LEADING_IMAGES = re.compile(f"(?:{IMAGE_TAG_RE.pattern})*")
+
+
+def with_bos(prompt: str, bos: str | None) -> str:
+    """Mllama's processor writes a BOS, after any leading images (tags), into a text that holds none (its
+    `build_string_from_input`)."""
+    if not bos or bos in prompt:
+        return prompt
+    start = LEADING_IMAGES.match(prompt).end()
+    return prompt[:start] + bos + prompt[start:]
 
 
 def cross_attention_states(model, processed: ProcessedImages) -> list[torch.Tensor]:

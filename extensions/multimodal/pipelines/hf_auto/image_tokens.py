@@ -159,6 +159,42 @@ def process_images(processor, images: Sequence[Image.Image], together: bool = Fa
     return ProcessedImages(inputs=inputs, tokens=tokens)
 
 
+BLANK_SIDE = 224  # the picture whose layout gives a family's tokens per square image and the text around every image
+
+
+@dataclass(frozen=True)
+class TagText:
+    """What a history tag stands for: one image part as the chat template writes it (Qwen: the placeholder
+    between <|vision_start|> and <|vision_end|>). The text around the placeholder, and the plain text the
+    processor writes around every image's special tokens (Gemma 3: "\n\n"), belong to the neighbouring
+    text parts, encoded with them, as the processor tokenizes the whole prompt."""
+    text: str  # the chat template's text for one image part
+    before: str  # text parts end with it before an image
+    after: str  # text parts start with it after an image
+    tokens_per_image: int  # image tokens of a blank square picture; 0 where not exact here
+    not_exact_here: str  # "" where each picture's ids are known exactly; else why not
+
+
+def tag_text(processor, image_id: int, not_exact_here: str = "") -> TagText:
+    """The tag's text for `processor`; `not_exact_here`: why the model's own features cannot serve here
+    (before 5.23 a processor that writes plain text with a picture cannot say where: `LayoutUnavailable`)."""
+    text = image_text(processor)
+    prefix, _, suffix = text.partition(image_placeholder(processor))
+    if not not_exact_here:
+        try:
+            blank = process_images(processor, [Image.new("RGB", (BLANK_SIDE, BLANK_SIDE))]).tokens[0]
+            return TagText(text, prefix + blank.before, blank.after + suffix, int((blank.ids == image_id).sum()), "")
+        except LayoutUnavailable as error:
+            not_exact_here = str(error)
+    return TagText(text, prefix, suffix, 0, not_exact_here)
+
+
+def with_company(images: Sequence[Image.Image], several: bool) -> list[Image.Image]:
+    """A lone image of a prompt holding several goes with a copy of itself, so the processor lays it
+    out as one of several (what it is in its prompt); the copy's share is dropped by the caller."""
+    return list(images) + list(images[:1]) if several and len(images) == 1 else list(images)
+
+
 def transformers_version() -> tuple[int, int]:
     import transformers
 

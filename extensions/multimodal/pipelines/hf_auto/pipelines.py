@@ -29,7 +29,7 @@ def get_pipeline_from_model_name(model_name: str, params: dict):
 
     if shared.model is None:
         return None
-    from .transformers_pipeline import supports
+    from .routes import supports
 
     if not supports(shared.model):
         return None
@@ -39,7 +39,7 @@ def get_pipeline_from_model_name(model_name: str, params: dict):
 def serves(model) -> bool:
     """Capability: `model` is an image-text checkpoint this module serves (a host that builds `generate()`'s
     inputs itself, text-generation-webui, lets the extension generate for it)."""
-    from .transformers_pipeline import supports
+    from .routes import supports
 
     return supports(model)
 

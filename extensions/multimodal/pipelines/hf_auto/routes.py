@@ -40,6 +40,9 @@ import inspect
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from extensions.multimodal.abstract_pipeline import feature_rows
+
+from . import cross_attention
 from .image_tokens import image_token_id
 
 EMBEDS = "embeds"
@@ -56,6 +59,25 @@ ROUTES = {
 }
 # Families whose language model needs 3-D rotary positions from get_rope_index.
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+def check_serves(pipeline_name: str, model, model_types: tuple | None) -> None:
+    """Raises ValueError unless the pipeline called `pipeline_name` (for `model_types`; None: any) serves `model`."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_types is not None and model_type not in model_types:
+        raise ValueError(f"The '{pipeline_name}' pipeline serves {', '.join(model_types)} models; the loaded model "
+                         f"is {type(model).__name__} ({model_type}). Use the 'transformers' pipeline.")
+    if not supports(model):
+        raise ValueError(f"The '{pipeline_name}' pipeline cannot serve {type(model).__name__} ({model_type}): it is "
+                         f"not an image-text model this pipeline knows (known: {', '.join(sorted(ROUTES))}).")
+
+
+def supports(model) -> bool:
+    """Whether `model` is an image-text checkpoint of a family with a route here."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in ROUTES:
+        return False
+    return ROUTES[model_type] == CROSS_ATTENTION or hasattr(model, "get_image_features")
 
 
 def route_for(model) -> str:
@@ -78,6 +100,40 @@ def routes_here(model) -> bool:
 
         return tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 23)
     return True
+
+
+def route_kwargs(model, route: str, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, layouts: list,
+                 features: list[torch.Tensor]):
+    """The pipeline's `generate_kwargs` for `route`: a function of (cached length, cache) giving `generate()`'s
+    keyword arguments. `layouts`, `features`: per embedded image, its `ImageLayout` and `embed_images` rows."""
+    if route == EMBEDS:  # with the real image ids (the host's may stand in for a pad id)
+        return lambda cached_length, cache: embeds_kwargs(input_ids, inputs_embeds)
+    if any(f is None for f in features):
+        raise ValueError(f"{type(model).__name__} needs every image of the prompt embedded (its positions "
+                         f"or its image features cover them all): set multimodal-add_all_images_to_prompt "
+                         f"to true, or leave it unset.")
+    if route == CROSS_ATTENTION:
+        tiles = [layout.info["tiles"] for layout in layouts]
+        return lambda cached_length, cache: cross_attention.route_kwargs(model, input_ids, features, tiles,
+                                                                         cached_length, cache)
+    grids = [layout.info["image_grid_thw"] for layout in layouts if "image_grid_thw" in layout.info]
+    grid = torch.cat(grids) if grids else None
+    if route == EMBEDS_MROPE:
+        kwargs = mrope_kwargs(model, input_ids, inputs_embeds, grid)
+        return lambda cached_length, cache: kwargs  # covers the full prompt; generate() slices what is cached
+    rows = [feature_rows(f) for f in features]
+    deepstack = [f[:, 1:].transpose(0, 1) for f in features] if features and features[0].dim() == 3 else None
+    return lambda cached_length, cache: features_kwargs(model, input_ids, rows, deepstack=deepstack,
+                                                        image_grid_thw=grid, cached_length=cached_length)
+
+
+def not_exact_here(model) -> str:
+    """"" where the installed transformers takes this family's prompt as built here (`routes_here`); else why not."""
+    if routes_here(model):
+        return ""
+    import transformers
+
+    return f"transformers {transformers.__version__} cannot take its precomputed features (5.23 can)"
 
 
 def embeds_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> dict:

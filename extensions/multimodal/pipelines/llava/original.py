@@ -64,10 +64,11 @@ class OriginalLlavaPipeline(AbstractMultimodalPipeline):
     def __init__(self, spec: LlavaSpec, params: dict):
         params = with_defaults(params)
         self.spec = spec
-        self.vision_device = self._get_device("vision_device", params)
-        self.vision_dtype = self._get_dtype("vision_bits", params, self.vision_device)
-        self.projector_device = self._get_device("projector_device", params)
-        self.projector_dtype = self._get_dtype("projector_bits", params, self.projector_device)
+        placement = loaded_model.placement()  # None settings mean the language model's device and dtype
+        self.vision_device = self._get_device("vision_device", params, placement)
+        self.vision_dtype = self._get_dtype("vision_bits", params, self.vision_device, placement)
+        self.projector_device = self._get_device("projector_device", params, placement)
+        self.projector_dtype = self._get_dtype("projector_bits", params, self.projector_device, placement)
         folder = loaded_model.model_folder()
         self.vision_source = weights.vision_source(spec, loaded_model.config_dict(), params["vision_tower"])
         logger.info(f"{spec.name}: CLIP from {self.vision_source} ({self.vision_dtype}, {self.vision_device})")
