@@ -2,13 +2,15 @@
 
 No --model, no --extensions: the server loads `models/tiny-llava-shapes` from the default settings,
 turns the multimodal extension on by itself, prints its URL, and answers about uploaded pictures:
-one picture; a text-only turn; two pictures in one message. The screenshot of that conversation is the README's
+one picture; a text-only turn; two pictures in one message; then a fourth picture attached and a question
+typed but not sent, which the context meter already counts. The screenshot of that page is the README's
 (`docs/demo-chat.png` is copied from `test-artifacts/browser_demo_chat.png`). A settings file asks
 for greedy decoding, so the answers checked are deterministic.
 """
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from tools.demo_model.chats import TEXT_CHAT
 from tools.demo_model.pictures import draw_scene, random_scene
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+METER_JS = "Number((/Context: (\\d+) \\//.exec(document.querySelector('#context-meter').innerText) || [])[1] || -1)"
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +72,16 @@ def test_no_flags_starts_the_demo_and_it_answers_about_the_pictures(demo_server,
                 attach(page, files)
             send(page, text)
             replies.append(wait_for_reply(page, number))
+        # The next message, not sent: its picture counts in the meter before Generate, at least what the
+        # same-sized pictures above cost (their captions, "N tokens").
+        sent = page.evaluate("getComputedStyle(document.querySelector('#chat-history .user .picture'), "
+                             "'::after').content")
+        cost = int(re.search(r"(\d+) tokens", sent).group(1))
+        page.wait_for_function(f"{METER_JS} > 0", timeout=30_000)
+        before = page.evaluate(METER_JS)
+        attach(page, [save_picture(tmp_path, [("green", "triangle")], 9)])
+        page.locator("#chat-input textarea").fill("What color is the shape?")
+        page.wait_for_function(f"{METER_JS} >= {before + cost}", timeout=30_000)
         screenshot(page, "browser_demo_chat.png")
         page.context.close()
     assert replies == ["It is a circle.", TEXT_CHAT["What can you do?"], "The second."], replies
