@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from io import BytesIO
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -24,6 +25,9 @@ from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 # after each test, and a fresh import would raise error classes the tests do not hold.
 from extensions.multimodal.core.multimodal_embedder import MultimodalEmbedder
 from modules import shared
+
+
+FAKE_PIPELINE_MODULES = Path(__file__).resolve().parent / "multimodal_pipelines"  # holds fake-pipelines/
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,13 @@ def make_pipeline(name: str, params: dict) -> FakePipeline:
 
 
 def make_embedder(name: str = "fake-linear", **overrides):
-    """A MultimodalEmbedder over the fake pipeline `name`; `overrides` change the extension params."""
+    """A MultimodalEmbedder over the fake pipeline `name`, found as a third-party module is (the
+    `pipeline_dirs` and `pipeline` settings); `overrides` change the extension params."""
     params = {"add_all_images_to_prompt": False, "vision_device": None, "vision_bits": 32, "projector_device": None,
               "projector_bits": 32, "embedding_cache_mb": 256, "max_images_per_prompt": None,
-              "max_image_pixels": 40_000_000}
+              "max_image_pixels": 40_000_000, "pipeline_dirs": [str(FAKE_PIPELINE_MODULES)], "pipeline": name}
     params.update(overrides)
-    return MultimodalEmbedder(params, pipeline=make_pipeline(name, params))
+    return MultimodalEmbedder(params)
 
 
 # -- Images for tests --------------------------------------------------------------------------

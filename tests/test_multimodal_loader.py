@@ -34,8 +34,8 @@ def write_module(root: Path, folder: str, source: str, **extra_files: str) -> Pa
 
 
 @pytest.fixture
-def roots(host, tmp_path):
-    """A folder of pipeline modules: a hyphenated one with relative imports, a broken one, one without auto-pick."""
+def pipeline_dirs(host, tmp_path):
+    """`pipeline_dirs`: a folder of modules: a hyphenated one with relative imports, a broken one, one without auto-pick."""
     write_module(tmp_path, "my-pipes", """
         from .impl import Pipeline, NAMES
         available_pipelines = NAMES
@@ -59,66 +59,68 @@ def roots(host, tmp_path):
         """, impl=PIPELINE_CLASS)
     (tmp_path / "not-a-module").mkdir()
     (tmp_path / "README.txt").write_text("ignored")
-    return [tmp_path]
+    return [str(tmp_path)]
 
 
-def test_named_pipeline_from_a_hyphenated_folder_with_relative_imports(roots):
+def test_named_pipeline_from_a_hyphenated_folder_with_relative_imports(pipeline_dirs):
     shared.args.multimodal_pipeline = "alpha-13b"
-    pipeline, module = load_pipeline({"vision_bits": 16}, roots=roots)
+    pipeline, module = load_pipeline({"vision_bits": 16, "pipeline_dirs": pipeline_dirs})
     assert pipeline.name() == "alpha-13b" and module == "my-pipes"
-    assert pipeline.params == {"vision_bits": 16}
+    assert pipeline.params == {"vision_bits": 16, "pipeline_dirs": pipeline_dirs}
     assert "extensions.multimodal.pipelines.my-pipes.pipelines" in sys.modules
     assert "extensions.multimodal.pipelines.my-pipes.impl" in sys.modules
 
 
-def test_a_module_that_raises_on_import_is_logged_and_skipped(roots, caplog):
+def test_a_module_that_raises_on_import_is_logged_and_skipped(pipeline_dirs, caplog):
     shared.args.multimodal_pipeline = "beta"
     with caplog.at_level(logging.ERROR):
-        pipeline, module = load_pipeline({}, roots=roots)
+        pipeline, module = load_pipeline({"pipeline_dirs": pipeline_dirs})
     assert (pipeline.name(), module) == ("beta", "zz_no_auto")
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "broken" in logged and "ZeroDivisionError" in logged and "Traceback" in logged
 
 
-def test_a_pipeline_that_does_not_subclass_the_contract_gets_its_defaults(roots):
+def test_a_pipeline_that_does_not_subclass_the_contract_gets_its_defaults(pipeline_dirs):
     """Its class gains the contract's defaults for the methods it lacks; its own name and attributes stay."""
     shared.args.multimodal_pipeline = "beta"
-    pipeline, _ = load_pipeline({"x": 1}, roots=roots)
+    pipeline, _ = load_pipeline({"pipeline_dirs": pipeline_dirs})
     assert isinstance(pipeline, AbstractMultimodalPipeline)
-    assert type(pipeline).__qualname__ == "Pipeline" and pipeline.params == {"x": 1}
+    assert type(pipeline).__qualname__ == "Pipeline" and pipeline.params == {"pipeline_dirs": pipeline_dirs}
     assert (pipeline.cache_key(), pipeline.embeds_all_images(), pipeline.layout_depends_on_count(),
             pipeline.budget_knob(), pipeline.features_exact_here()) == ("beta", False, False, None, True)
 
 
-def test_auto_pick_from_the_model_name_skips_modules_without_the_function(roots):
+def test_auto_pick_from_the_model_name_skips_modules_without_the_function(pipeline_dirs):
     shared.args.multimodal_pipeline = None
     shared.model_name = "Alpha-Chat-7B"
-    pipeline, module = load_pipeline({}, roots=roots)
+    pipeline, module = load_pipeline({"pipeline_dirs": pipeline_dirs})
     assert (pipeline.name(), module) == ("alpha-7b", "my-pipes")
 
 
-def test_unknown_name_lists_every_available_pipeline(roots):
+def test_unknown_name_lists_every_available_pipeline(pipeline_dirs):
     shared.args.multimodal_pipeline = "gamma"
     with pytest.raises(RuntimeError) as error:
-        load_pipeline({}, roots=roots)
+        load_pipeline({"pipeline_dirs": pipeline_dirs})
     message = str(error.value)
     assert "'gamma' not found" in message
     assert all(name in message for name in ("alpha-7b", "alpha-13b", "beta"))
 
 
-def test_no_name_and_an_unrecognised_model_says_why_not_attribute_error(roots):
+def test_no_name_and_an_unrecognised_model_says_why_not_attribute_error(pipeline_dirs):
     shared.args.multimodal_pipeline = None
     shared.model_name = "some-text-model"
     with pytest.raises(RuntimeError) as error:
-        load_pipeline({}, roots=roots)
+        load_pipeline({"pipeline_dirs": pipeline_dirs})
     message = str(error.value)
     assert "some-text-model" in message and "--multimodal-pipeline" in message and "beta" in message
 
 
-def test_no_modules_at_all(host, tmp_path):
+def test_no_modules_at_all(host, tmp_path, monkeypatch):
+    """No module anywhere: the built-in folder stands empty (moved, as in a broken install)."""
+    monkeypatch.setattr(pipeline_loader, "BUILTIN_PIPELINES_DIR", tmp_path)
     shared.args.multimodal_pipeline = "anything"
     with pytest.raises(RuntimeError, match="No pipelines are available"):
-        load_pipeline({}, roots=[tmp_path])
+        load_pipeline({})
 
 
 def test_same_folder_name_in_another_place_is_loaded_from_that_place(host, tmp_path):
@@ -130,7 +132,7 @@ def test_same_folder_name_in_another_place_is_loaded_from_that_place(host, tmp_p
                 return Pipeline(name, params) if name == 'p{index}' else None
             """, impl=PIPELINE_CLASS)
         shared.args.multimodal_pipeline = f"p{index}"
-        assert load_pipeline({}, roots=[tmp_path / str(index)])[0].name() == f"p{index}"
+        assert load_pipeline({"pipeline_dirs": [tmp_path / str(index)]})[0].name() == f"p{index}"
 
 
 def test_roots_are_the_builtin_folder_then_the_param():
@@ -170,7 +172,7 @@ def test_a_pipeline_written_for_the_original_extension_builds_on_the_default_par
             return Cloned(params) if name == "cloned-7b" else None
         """)
     shared.args.multimodal_pipeline = "cloned-7b"
-    pipeline, _ = load_pipeline(dict(DEFAULT_PARAMS), roots=[tmp_path])
+    pipeline, _ = load_pipeline({**DEFAULT_PARAMS, "pipeline_dirs": [tmp_path]})
     weight = shared.model.get_input_embeddings().weight
     assert (pipeline.clip_device, pipeline.clip_dtype, pipeline.projector_dtype) == (weight.device, weight.dtype,
                                                                                      weight.dtype)

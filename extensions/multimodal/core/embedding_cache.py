@@ -51,24 +51,17 @@ class BoundedLRU:
         self.max_bytes = int(max_bytes)
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.total_bytes = 0
-        self.hits = 0
-        self.misses = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
-
     def get(self, key: Hashable) -> Optional[Any]:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                self.misses += 1
                 return None
             self._entries.move_to_end(key)
-            self.hits += 1
             return entry[0]
 
     def put(self, key: Hashable, value: Any, nbytes: int) -> None:
@@ -82,10 +75,6 @@ class BoundedLRU:
             while self.total_bytes > self.max_bytes:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self.total_bytes -= evicted
-
-    def pop(self, key: Hashable) -> None:
-        with self._lock:
-            self._pop(key)
 
     def _pop(self, key: Hashable) -> None:
         entry = self._entries.pop(key, None)

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from extensions.multimodal.core import image_budget, loaded_model
-from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, feature_rows, overrides
+from extensions.multimodal.abstract_pipeline import feature_rows, overrides
 from extensions.multimodal.core.image_embedding import EmbeddingCountError, ImageEmbedder, feature_positions
 from extensions.multimodal.core.pad_safe_ids import unmaskable
 from extensions.multimodal.core.pipeline_loader import load_pipeline
@@ -57,10 +57,9 @@ class Embedded:
 
 
 class MultimodalEmbedder:
-    def __init__(self, params: dict, pipeline: Optional[AbstractMultimodalPipeline] = None):
-        """`params`: the extension's params. `pipeline`: use this one instead of `load_pipeline(params)`."""
-        if pipeline is None:
-            pipeline, _ = load_pipeline(params)
+    def __init__(self, params: dict):
+        """`params`: the extension's params; they name the pipeline (`load_pipeline`)."""
+        pipeline, _ = load_pipeline(params)
         self.pipeline = pipeline
         self.params = params
         self.prompts = PromptEncoder(pipeline, params)

@@ -99,12 +99,10 @@ def available_pipelines(modules: Sequence[ModuleType]) -> List[str]:
     return names
 
 
-def load_pipeline(params: dict, roots: Optional[Sequence[Path]] = None) -> Tuple[AbstractMultimodalPipeline, str]:
-    """The pipeline to use and the folder name of the module that provided it.
-
-    `roots` (tests) replaces the folders searched; by default they come from `pipeline_roots(params)`.
-    """
-    modules = import_pipeline_modules(pipeline_roots(params) if roots is None else roots)
+def load_pipeline(params: dict) -> Tuple[AbstractMultimodalPipeline, str]:
+    """The pipeline to use and the folder name of the module that provided it, from the folders
+    `pipeline_roots(params)` names."""
+    modules = import_pipeline_modules(pipeline_roots(params))
     requested = requested_pipeline(params)
     if requested is not None:
         found = first_pipeline(modules, "get_pipeline", requested, params)
