@@ -1,4 +1,4 @@
-"""The tests' Hugging Face reference (`tests/hf_reference.py`) is transformers' own processor, used as documented.
+"""The tests' Hugging Face reference (`fixtures/hf_reference.py`) is transformers' own processor, used as documented.
 
 - Each family's reference is the class its folder names, built by `AutoProcessor` where that loads
   here, and `AutoProcessor` fails exactly for the families built from parts (so a transformers release
@@ -17,8 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fixtures import vlm_families
-from tests import hf_reference
+from fixtures import hf_reference, vlm_families
 
 FAMILY_NAMES = list(vlm_families.FAMILIES)
 

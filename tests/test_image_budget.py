@@ -2,7 +2,7 @@
 
 Each family with a budget knob is served from its tiny checkpoint (fixtures/vlm_families.py) as a
 user's folder; one server takes the same picture at several budgets, each request checked against
-Hugging Face's `generate(**processor(...))` (`tests/hf_reference.py`) with the processor keyword
+Hugging Face's `generate(**processor(...))` (`fixtures/hf_reference.py`) with the processor keyword
 arguments the budget stands for, written out per checkpoint (`BUDGET_KWARGS`, not the extension's
 `budget_kwargs`): the prompt length and the reply must be equal. The tiny processors read small
 pictures (their own defaults are a few thousand pixels), so a pixel budget below that shows the count

@@ -25,8 +25,7 @@ from PIL import Image
 from extensions.multimodal.core import processor_loading as processing
 from extensions.multimodal.pipelines.hf_auto.image_tokens import image_placeholder, process_images
 from extensions.multimodal.core.processor_loading import ProcessorLoadError, load_processor
-from fixtures import tiny_processors, vlm_families
-from tests import hf_reference
+from fixtures import hf_reference, tiny_processors, vlm_families
 
 # AutoProcessor.from_pretrained fails for these without torchvision (transformers 5.23).
 NEEDS_TORCHVISION = set(hf_reference.FROM_PARTS)

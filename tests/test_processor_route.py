@@ -4,7 +4,7 @@ The end-to-end proof is `tools/check_in_tgw.sh` (every family inside text-genera
 its own pins, reply tokens against Hugging Face's). Here:
 - `image_text`: the text each family's chat template writes for one image, against the templates the
   checkpoints were built with (written out in fixtures/vlm_families.py, not derived);
-- `processor_inputs`: a tagged prompt gives what Hugging Face's processor (`tests/hf_reference.py`)
+- `processor_inputs`: a tagged prompt gives what Hugging Face's processor (`fixtures/hf_reference.py`)
   gives for that template text and those pictures, and the BOS rule;
 - `pil_image_processor_by_name`: the image processor found by class name (transformers 5.6's route)
   processes pixels exactly as the one transformers' own processor loads;
@@ -21,7 +21,7 @@ from extensions.multimodal.core.image_codec import store_image
 from extensions.multimodal.pipelines.hf_auto.image_tokens import image_text
 from extensions.multimodal.pipelines.hf_auto.processor_route import processor_inputs, with_bos_rule
 from extensions.multimodal.core.processor_loading import load_processor, pil_image_processor_by_name
-from tests import hf_reference
+from fixtures import hf_reference
 from fixtures.vlm_families import TEMPLATE_IMAGE_TEXT
 
 

@@ -26,7 +26,7 @@ from transformers import AutoModelForImageTextToText, LogitsProcessorList
 
 from modules import shared
 from modules.text_generation import encode
-from tests import hf_reference
+from fixtures import hf_reference
 from fixtures.vlm_families import TEMPLATE_IMAGE_TEXT
 
 NEW_TOKENS = 6

@@ -2,7 +2,7 @@
 
 Each family's tiny checkpoint (fixtures/vlm_families.py) is loaded as a user's folder would be
 (`AutoModelForImageTextToText.from_pretrained`; the core's `load_processor` for our side, and
-transformers' own processor, `tests/hf_reference.py`, for the reference side). Both sides take the
+transformers' own processor, `fixtures/hf_reference.py`, for the reference side). Both sides take the
 prompt ids Hugging Face's processor writes for the chat template's text (`processor(text=...,
 images=...)`, or `apply_chat_template(tokenize=True)` in `test_one_image_against_apply_chat_template`).
 Our side adds what the extension's core computes with its own processor: each image's layout
@@ -38,8 +38,7 @@ from extensions.multimodal.pipelines.hf_auto.image_tokens import (ProcessedImage
 from extensions.multimodal.core.processor_loading import load_processor
 from extensions.multimodal.core.prompt_parts import split_prompt
 from modules import model_inputs, shared
-from fixtures import vlm_families
-from tests import hf_reference
+from fixtures import hf_reference, vlm_families
 
 NEW_TOKENS = 8
 MIN_GAP = 1e-3  # top-two logit gap below which a greedy step could flip on harmless float noise
@@ -54,7 +53,7 @@ class Family:
     name: str
     model: object
     processor: object  # the core's (`load_processor`): our side
-    reference: object  # transformers' own (`tests/hf_reference.py`): Hugging Face's side
+    reference: object  # transformers' own (`fixtures/hf_reference.py`): Hugging Face's side
     route: str
 
 

@@ -6,7 +6,7 @@ would load it (`host_helpers.load`: the host's model loader, the multimodal exte
 pictures sent as PNG bytes (`state['message_images']`, what the UI's upload and the API hand over),
 or through `/v1/chat/completions`. The reference is `model.generate(**inputs)` with the inputs of
 the checkpoint's own processor for the same conversation, the pictures in its image parts
-(`tests/hf_reference.py`: `apply_chat_template(tokenize=True)`, transformers' public API only), with
+(`fixtures/hf_reference.py`: `apply_chat_template(tokenize=True)`, transformers' public API only), with
 the image token (`config.image_token_id`) suppressed as the host's placeholder ban does (a random tiny
 model may well pick it). So LLaVA-OneVision's pictures are laid out as one of several once the
 conversation holds two (base tile and newline, no anyres tiles), as Hugging Face does.
@@ -23,8 +23,7 @@ import torch
 from PIL import Image
 
 from modules import chat, shared
-from fixtures import api_helpers, host_helpers, vlm_families
-from tests import hf_reference
+from fixtures import api_helpers, hf_reference, host_helpers, vlm_families
 
 FAMILIES = list(vlm_families.FAMILIES)
 NEW_TOKENS = 8
