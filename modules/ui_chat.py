@@ -337,7 +337,9 @@ def wire_events() -> None:
     g["Load history"].click(load, [g["history"], g["saved_histories"]], display_and_history).then(**measure)
     for name in ("max_new_tokens", "truncation_length"):  # both decide what the next prompt keeps
         g[name].change(trigger_mode="always_last", **measure)
-    for component in (*ext_inputs, *options):  # a picture attached, removed or given another budget
+    # A picture attached, removed or given another budget. `change` is every component's event; it also
+    # fires when a send clears the inputs, measuring the history alone until the turn's own measure.
+    for component in (*ext_inputs, *options):
         component.change(trigger_mode="always_last", **measure)
 
 
