@@ -31,7 +31,9 @@ import torch
 from transformers import DynamicCache
 
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.loaded_model import placed
 
+from .image_features import vision_device_dtype
 from .image_tokens import ProcessedImages, image_token_id
 
 LEADING_IMAGES = re.compile(f"(?:{IMAGE_TAG_RE.pattern})*")
@@ -49,11 +51,11 @@ def with_bos(prompt: str, bos: str | None) -> str:
 def cross_attention_states(model, processed: ProcessedImages) -> list[torch.Tensor]:
     """`(max_tiles * patches, hidden)` per image: the projected vision states the LM attends to."""
     inner = model.model
-    inputs = processed.inputs
+    device, dtype = vision_device_dtype(model)  # `vision_device` / `vision_bits` may have moved the tower
+    inputs = {name: placed(processed.inputs[name], device, dtype)
+              for name in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask")}
     with torch.inference_mode():
-        vision = inner.vision_model(pixel_values=inputs["pixel_values"].to(inner.vision_model.dtype),
-                                    aspect_ratio_ids=inputs["aspect_ratio_ids"],
-                                    aspect_ratio_mask=inputs["aspect_ratio_mask"]).last_hidden_state
+        vision = inner.vision_model(**inputs).last_hidden_state
         states = inner.multi_modal_projector(vision)  # (1, images, tiles, patches, hidden)
     return list(states.reshape(len(processed.tokens), -1, states.shape[-1]))
 

@@ -49,6 +49,14 @@ class TransformersPipeline(AbstractMultimodalPipeline):
         if any(not p.is_floating_point() for part in parts for p in part.parameters()):
             logger.warning(f"{self._name}: the vision tower is quantized; vision_bits/vision_device are not applied.")
             return current.device, current.dtype
+        lm_dtype = loaded_model.placement()[1]
+        if self.route == routes.CROSS_ATTENTION and dtype != lm_dtype:
+            # transformers' MllamaModel builds the text's cross-attention mask in `self.dtype`, its first
+            # weights' (the vision model's): in another dtype than the language model's, attention fails.
+            raise ValueError(f"vision_bits={params['vision_bits']!r} puts {type(self.model).__name__}'s vision model "
+                             f"in {dtype}, but its language model is in {lm_dtype}: transformers builds this "
+                             f"family's cross-attention mask in the vision model's dtype, which its language "
+                             f"model's attention refuses. Leave vision_bits unset (vision_device alone works).")
         if (device, dtype) != (current.device, current.dtype):
             logger.info(f"{self._name}: vision tower and projector to {dtype} on {device}")
             for part in parts:

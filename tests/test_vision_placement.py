@@ -1,0 +1,47 @@
+"""The card's vision_bits with the language model in another dtype: every family against Hugging Face.
+
+Each family's tiny checkpoint is loaded with its language model in float32 and the card's `vision_bits`
+putting its tower and projector in bfloat16 (16 on a CPU), and the other way round; one chat turn with a
+picture goes through the host, and its tokens must equal Hugging Face's `generate` on the same mixed model
+(`tools/families_on_device.py`, which `tools/gpu_check.sh` runs on CUDA with the tower on cuda:0 in fp16).
+So the pixels reach the tower in its dtype and the rows reach the language model in its own. Where
+Hugging Face's own code cannot run the mix (SmolVLM casts no features back) ours must still run; Mllama
+must refuse a tower dtype other than its language model's, naming the cause; the original LLaVA release
+has no Hugging Face class and is compared with its own rows from the tower left in the LM's dtype.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fixtures import vlm_families
+from tools import families_on_device
+
+FAMILIES = [*vlm_families.FAMILIES, families_on_device.ORIGINAL]
+# One family per route (embeddings, 3-D positions, ids + features, cross-attention) and the original release.
+OTHER_WAY = ["llava", "qwen2_5_vl", "gemma3", "mllama", families_on_device.ORIGINAL]
+
+
+def check(name: str, root, lm: tuple[str, str], vision: tuple[str, str]) -> dict:
+    result = families_on_device.check(name, root, lm, vision)
+    assert result["ok"], result
+    return result
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tower_in_bfloat16_with_the_lm_in_float32(host, tmp_path, name):
+    result = check(name, tmp_path, ("cpu", "fp32"), ("cpu", "bf16"))
+    if name == "mllama":
+        assert "cross-attention mask" in result["refused"]
+        return
+    assert result["tower"] == "bfloat16@cpu"
+    if name == "smolvlm":
+        assert "masked_scatter" in result["reference_unavailable"]  # Hugging Face's own limit, not ours
+    elif name != families_on_device.ORIGINAL:
+        assert result["ours"] == result["hf"]
+
+
+@pytest.mark.parametrize("name", OTHER_WAY)
+def test_tower_in_float32_with_the_lm_in_bfloat16(host, tmp_path, name):
+    result = check(name, tmp_path, ("cpu", "bf16"), ("cpu", "fp32"))
+    if name != "mllama":
+        assert result["tower"] == "float32@cpu"

@@ -1,0 +1,234 @@
+"""Every image-text family through the host on a chosen device and dtype, token for token against Hugging Face.
+
+    python tools/families_on_device.py --lm cuda:0/fp32                       # every family on CUDA in fp32
+    python tools/families_on_device.py --lm cpu/fp32 --vision cuda:0/16       # the tower on the GPU, the LM on the CPU
+    python tools/families_on_device.py --lm cuda:0/bf16 --vision cuda:0/16    # tower fp16, LM bf16
+    python tools/families_on_device.py --lm cpu/fp32 --vision cpu/bf16 gemma3 llava   # only these families
+
+`--lm DEVICE/DTYPE` is where and in what dtype the language model is loaded (the whole checkpoint, as
+`from_pretrained(dtype=...)` then `.to(device)`: this host's loader has no fp32 on CUDA). `--vision
+DEVICE/BITS` sets the card's `vision_device` and `vision_bits` (and `projector_device` / `projector_bits`
+for the original LLaVA release); without it they stay unset (the LM's own).
+
+For each family of `fixtures/vlm_families.py` (and `llava_original`, the original LLaVA-1.5 layout of
+`fixtures/tiny_models.py`): one chat turn with a picture through the host's chat (`chat.generate_chat_reply`,
+the multimodal extension picking its pipeline), 8 greedy tokens. The reference is Hugging Face's
+`model.generate(**inputs)` on the same loaded model (its tower moved and cast as the extension moved it),
+the inputs from the checkpoint's own processor (`fixtures/hf_reference.py`), pixel tensors on the tower's
+device and dtype, the rest on the LM's, the image token suppressed as the host's placeholder ban does.
+Where Hugging Face itself cannot run the mixed placement (SmolVLM casts no features back), the family is
+reported `reference_unavailable` with its error, not failed. The original release has no Hugging Face
+class: its image rows are compared with the same pipeline's rows with the tower unmoved (relative error
+below 6%, a 16-bit tower's rounding), and its reply must be non-empty.
+
+Prints one line per family, then one JSON object: `{"ok": bool, "families": {name: {...}}}`. Exit 1 when
+any family failed: our turn raised, or our tokens differ from an available reference. Mllama with
+`vision_bits` other than its LM's dtype must be refused with a ValueError naming the cause (transformers
+builds its cross-attention mask in the vision model's dtype), and counts as passing when it is.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from modules import chat, extensions, logits_processor_loader, models, shared  # noqa: E402
+
+NEW_TOKENS = 8
+QUESTION = "What is in the picture?"
+DTYPES = {"fp32": torch.float32, "32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "16": torch.float16}
+ORIGINAL = "llava_original"
+
+
+def placement(text: str) -> tuple[str, str]:
+    device, _, dtype = text.partition("/")
+    if not device or dtype not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected DEVICE/DTYPE, DTYPE one of {', '.join(DTYPES)}")
+    return device, dtype
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    generator = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (max(height // 8, 1), max(width // 8, 1), 3), generator=generator, dtype=torch.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(blocks.numpy()).resize((width, height), Image.NEAREST).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def build(name: str, root: Path) -> Path:
+    from fixtures import tiny_models, vlm_families
+
+    if name == ORIGINAL:  # the folder's name picks the llava-v1.5-7b pipeline
+        return tiny_models.build_llava_original(root / "tiny-llava-v1.5-7b", root / "tiny-clip")
+    return vlm_families.FAMILIES[name](root / name)
+
+
+def card_settings(vision: tuple[str, str] | None) -> dict:
+    if vision is None:
+        return {}
+    device, bits = vision
+    bits = {"fp32": 32, "32": 32, "fp16": 16, "16": 16}.get(bits, bits)
+    return {f"multimodal-{part}_{key}": value for part in ("vision", "projector")
+            for key, value in (("device", device), ("bits", bits))}
+
+
+def load(folder: Path, lm: tuple[str, str], settings: dict) -> None:
+    """`server.py --model FOLDER --extensions multimodal`'s start-up, the LM at `lm` (device, dtype)."""
+    from transformers import AutoModelForImageTextToText
+
+    device, dtype = lm
+    argv = ["--model", str(folder), "--extensions", "multimodal"] + (["--cpu"] if device == "cpu" else [])
+    shared.args = shared.parse_args(argv)
+    shared.settings.update(settings)
+    shared.user_setting_keys.update(settings)
+    config = models.read_config_dict(folder)
+    kwargs = {"dtype": DTYPES[dtype]}
+    shared.is_multimodal = models.is_image_text_config(config)
+    if config.get("model_type") == "llava_llama":
+        model = models.load_llava_llama(folder, config, kwargs)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(folder, **kwargs)
+    shared.model, shared.tokenizer = model.to(device).eval(), models.load_tokenizer(folder)
+    shared.model_name = folder.name
+    extensions.reset()
+    for module in [m for m in sys.modules if m.startswith("extensions.")]:
+        del sys.modules[module]  # the extension's params are module-level: a fresh import per model
+    extensions.load_extensions()
+    classes = logits_processor_loader.requested_classes(shared.args.logits_processors, [])
+    shared.logits_processors = logits_processor_loader.build_runner(classes)
+
+
+def our_reply(picture: bytes) -> str:
+    state = chat.new_state(None, do_sample=False, max_new_tokens=NEW_TOKENS, seed=0, message_images=[picture],
+                           prefix_cache=False)
+    latest = list(chat.generate_chat_reply(QUESTION, state, loading_message=False))[-1]
+    return latest["internal"][-1][1]
+
+
+def hf_reply(folder: Path, picture: bytes) -> str:
+    """Hugging Face's greedy reply from the loaded model (see the module docstring)."""
+    from extensions.multimodal.pipelines.hf_auto.image_features import vision_device_dtype
+    from fixtures import hf_reference
+
+    model = shared.model
+    processor = hf_reference.load(folder)
+    image = Image.open(io.BytesIO(picture)).convert("RGB")
+    inputs = hf_reference.chat_inputs(processor, [{"role": "user", "content": [
+        {"type": "image", "image": image}, {"type": "text", "text": QUESTION}]}])
+    lm_device = model.get_input_embeddings().weight.device
+    tower_device, tower_dtype = vision_device_dtype(model)
+    placed = {key: value.to(tower_device, tower_dtype) if key.startswith("pixel") and value.is_floating_point()
+              else value.to(lm_device) for key, value in inputs.items() if isinstance(value, torch.Tensor)}
+    with torch.inference_mode():
+        output = model.generate(**placed, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                suppress_tokens=[model.config.image_token_id])
+    reply = processor.tokenizer.decode(output[0, placed["input_ids"].shape[1]:], skip_special_tokens=True)
+    return reply.lstrip(" ")
+
+
+def original_rows_close(picture: bytes) -> float:
+    """The original pipeline's rows against the same pipeline's with the tower and projector unmoved:
+    the largest difference relative to the largest row value."""
+    from extensions.multimodal.core import served_model
+
+    script = sys.modules["extensions.multimodal.script"]
+    pipeline = served_model.embedder(script.params).pipeline
+    unmoved = type(pipeline)(pipeline.spec, {})
+    image = Image.open(io.BytesIO(picture)).convert("RGB")
+    ours, reference = pipeline.embed_images([image]), unmoved.embed_images([image])
+    lm_device, lm_dtype = shared.model.get_input_embeddings().weight.device, shared.model.get_input_embeddings().weight.dtype
+    if (ours.device, ours.dtype) != (lm_device, lm_dtype):
+        raise AssertionError(f"rows on {ours.device}/{ours.dtype}, not the LM's {lm_device}/{lm_dtype}")
+    return float((ours.float() - reference.float()).abs().max() / reference.float().abs().max())
+
+
+def pipeline_error() -> str:
+    """Why the extension has no pipeline for the loaded model (its ValueError, raised again), or ''."""
+    from extensions.multimodal.core import served_model
+
+    try:
+        served_model.embedder(sys.modules["extensions.multimodal.script"].params)
+    except (RuntimeError, ValueError) as error:
+        return str(error)
+    return ""
+
+
+def tower_placement() -> str:
+    script = sys.modules["extensions.multimodal.script"]
+    from extensions.multimodal.core import served_model
+
+    pipeline = served_model.embedder(script.params).pipeline
+    return f"{pipeline.vision_dtype}@{pipeline.vision_device}".replace("torch.", "")
+
+
+def check(name: str, root: Path, lm: tuple[str, str], vision: tuple[str, str] | None) -> dict:
+    folder = build(name, root)
+    load(folder, lm, card_settings(vision))
+    picture = png(64, 48, 1)
+    result: dict = {"lm": f"{lm[1]}@{lm[0]}"}
+    started = time.perf_counter()
+    try:
+        result["ours"] = our_reply(picture)
+        result["tower"] = tower_placement()
+    except ValueError as error:  # the picture refused: the pipeline refused the card's settings at load time
+        cause = pipeline_error()
+        refused = name == "mllama" and vision is not None and "cross-attention mask" in cause
+        result.update(ok=refused, refused=f"{error} Cause: {cause}")
+        return result
+    if name == ORIGINAL:
+        result["relative_row_error"] = round(original_rows_close(picture), 5)
+        result["ok"] = result["relative_row_error"] < 0.06 and bool(result["ours"])
+    else:
+        try:
+            result["hf"] = hf_reply(folder, picture)
+        except (RuntimeError, ValueError) as error:  # Hugging Face's own code refuses the placement
+            result.update(ok=True, reference_unavailable=f"{type(error).__name__}: {str(error)[:200]}")
+            return result
+        result["ok"] = result["ours"] == result["hf"]
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def main() -> int:
+    from fixtures import vlm_families
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("families", nargs="*", help=f"default: every family and {ORIGINAL}")
+    parser.add_argument("--lm", type=placement, default=("cpu", "fp32"), help="DEVICE/DTYPE of the language model")
+    parser.add_argument("--vision", type=placement, default=None, help="DEVICE/BITS: the card's vision_device/vision_bits")
+    parser.add_argument("--json-out", default=None)
+    args = parser.parse_args()
+    names = args.families or [*vlm_families.FAMILIES, ORIGINAL]
+    torch.set_grad_enabled(False)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            try:
+                results[name] = check(name, Path(tmp), args.lm, args.vision)
+            except Exception as error:  # noqa: BLE001 - one family's fault is that family's verdict
+                traceback.print_exc()
+                results[name] = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+            verdict = "PASS" if results[name]["ok"] else "FAIL"
+            print(f"{verdict} {name}: {json.dumps(results[name], ensure_ascii=True)}", flush=True)
+    summary = {"ok": all(r["ok"] for r in results.values()), "lm": "/".join(args.lm),
+               "vision": "/".join(args.vision) if args.vision else None, "families": results}
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, ensure_ascii=True))
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
