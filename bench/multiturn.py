@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from modules import chat, extensions, models, prefix_cache, shared, text_generation  # noqa: E402
-from fixtures import tiny_models  # noqa: E402
+from fixtures import host_helpers, tiny_models  # noqa: E402
 
 QUESTIONS = ["Describe the image.", "What colour is the shape?", "And this one?", "Which picture came first?",
              "Summarise our chat about the pictures."]
@@ -267,10 +267,10 @@ def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
     result = {"ttft": [], "tps": [], "replies": [], "vision_images": [], "reused": []}
     for turn in range(len(QUESTIONS)):
         before = counter.images
-        reused_before = prefix_cache.stats["reused_tokens"]
         images = [png_bytes(picture(IMAGE_TURNS[turn], side))] if turn in IMAGE_TURNS else []
-        ttft, tps, history, reply = host_turn(history, QUESTIONS[turn], images, args)
-        result["reused"].append(prefix_cache.stats["reused_tokens"] - reused_before)
+        with host_helpers.reused_tokens() as reused:
+            ttft, tps, history, reply = host_turn(history, QUESTIONS[turn], images, args)
+        result["reused"].append(sum(reused))
         for key, value in (("ttft", ttft), ("tps", tps), ("replies", reply), ("vision_images", counter.images - before)):
             result[key].append(value)
         print(f"  ({label}) turn {turn + 1}: ttft {ttft * 1000:8.1f} ms, {tps:6.1f} tokens/s, "

@@ -35,17 +35,10 @@ def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
     input_ids = input_ids.to(weight.device)
     if inputs_embeds is not None:
         inputs_embeds = inputs_embeds.to(weight.device, weight.dtype)
-    length = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
     prompt_embeds, cache, reused = None, None, 0
     if use_prefix_cache:
         prompt_embeds = (inputs_embeds if inputs_embeds is not None else prefix_cache.embed_ids(input_ids))[0]
-        cache = prefix_cache.reusable_cache(prompt_embeds)
-        if cache is not None and route is None and prefix_cache.holds_images(cache):
-            cache = None  # its tokens were computed with pictures this prompt does not have
-        reused = prefix_cache.token_count(cache) if cache is not None else 0
-        prefix_cache.stats["reused_tokens"] += reused
-        prefix_cache.stats["prefilled_tokens"] += length - reused
-        cache = cache if cache is not None else new_cache()
+        cache, reused = prefix_cache.take(shared.model, prompt_embeds, has_route=route is not None)
     else:
         prefix_cache.clear()
     kwargs = on_device(route(reused, cache), weight.device) if route is not None else \
@@ -68,12 +61,3 @@ def default_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, 
 
 def on_device(kwargs: dict, device: torch.device) -> dict:
     return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in kwargs.items()}
-
-
-def new_cache() -> DynamicCache:
-    """An empty KV cache that can later be cropped to a shared prefix. Sliding-window layers (Gemma 3,
-    Cohere2) must then keep their whole past until the crop, or cropping fails once the window is full."""
-    cache = DynamicCache(config=shared.model.config)
-    if hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()
-    return cache

@@ -258,7 +258,7 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
                 kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event, batch_processors)
                 output = shared.model.generate(**kwargs, streamer=TokenQueue(events))
             if prompt_embeds is not None:
-                prefix_cache.remember(prompt_embeds, output.past_key_values)
+                prefix_cache.keep(shared.model, prompt_embeds, output.past_key_values)
     except Exception as error:  # handed to the consuming thread, which re-raises it
         prefix_cache.clear()
         events.put(error)

@@ -55,9 +55,9 @@ def run(host, reuse: bool, first_colour: str, second_colour: str, edit_first_to:
 
 
 def test_reuse_equals_fresh_runs_with_images(llava):
-    prefix_cache.stats.update(reused_tokens=0)
-    reused = run(llava, True, (200, 30, 30), (30, 30, 200), edit_first_to=(30, 200, 30))
-    assert prefix_cache.stats["reused_tokens"] > 0
+    with llava.reused_tokens() as counts:
+        reused = run(llava, True, (200, 30, 30), (30, 30, 200), edit_first_to=(30, 200, 30))
+    assert sum(counts) > 0
     fresh = run(llava, False, (200, 30, 30), (30, 30, 200), edit_first_to=(30, 200, 30))
     assert [h["internal"] for h in reused] == [h["internal"] for h in fresh]
 
@@ -67,9 +67,9 @@ def test_a_changed_image_of_the_same_size_is_never_reused(llava):
     tag_a = script().image_to_history_tag(png((250, 0, 0)))
     tag_b = script().image_to_history_tag(png((0, 0, 250)))
     ask(llava, chat.new_history(), f"Look: {tag_a} what colour?", True)
-    prefix_cache.stats.update(reused_tokens=0)
-    with_reuse = ask(llava, chat.new_history(), f"Look: {tag_b} what colour?", True)
-    reused = prefix_cache.stats["reused_tokens"]
+    with llava.reused_tokens() as counts:
+        with_reuse = ask(llava, chat.new_history(), f"Look: {tag_b} what colour?", True)
+    [reused] = counts
     prefix_cache.clear()
     fresh = ask(llava, chat.new_history(), f"Look: {tag_b} what colour?", False)
     assert with_reuse["internal"] == fresh["internal"]

@@ -24,7 +24,6 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-from unittest import mock
 
 import pytest
 import torch
@@ -37,7 +36,7 @@ from extensions.multimodal.pipelines.hf_auto.image_tokens import (ProcessedImage
                                                                   process_images)
 from extensions.multimodal.core.processor_loading import load_processor
 from extensions.multimodal.core.prompt_parts import split_prompt
-from modules import model_inputs, shared
+from modules import prefix_cache
 from fixtures import hf_reference, vlm_families
 
 NEW_TOKENS = 8
@@ -155,9 +154,8 @@ def prompt_embeds(model, ids: torch.Tensor, rows: list[torch.Tensor]) -> torch.T
 
 
 def empty_cache(model):
-    """The host's empty cache that can be cropped later (`new_cache` reads the loaded model from `shared`)."""
-    with mock.patch.object(shared, "model", model):
-        return model_inputs.new_cache()
+    """The host's empty cache that can be cropped later."""
+    return prefix_cache.new_cache(model)
 
 
 @dataclass

@@ -60,7 +60,7 @@ def generate_on_route(model, delegate: Callable, route: Callable, kwargs: dict, 
     the route's, and the kept KV cache where `caching`; the cache is kept again afterwards."""
     kwargs.pop("inputs", None)
     prompt_embeds = kwargs.pop("inputs_embeds")[0]  # (n, hidden)
-    cache, reused = prefix_cache.take(model, prompt_embeds) if caching else (None, 0)
+    cache, reused = prefix_cache.take(model, prompt_embeds, has_route=True) if caching else (None, 0)
     if not caching:
         prefix_cache.clear()
     device, dtype = placement()

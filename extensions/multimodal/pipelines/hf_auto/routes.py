@@ -28,7 +28,7 @@ image tokens the cache does not hold: pass `cached_length`.
 
 A cache that is to be cropped must record the past of its sliding-window layers (Gemma 3, Aya
 Vision's Cohere2, Mistral with a window): the caller makes it so (`DynamicCache.activate_past_recording`;
-this repository's host: `modules/model_inputs.new_cache`). Without it `crop` raises once the window is full.
+this repository's host: `modules/prefix_cache.new_cache`). Without it `crop` raises once the window is full.
 
 With explicit `position_ids` Qwen's `rope_deltas` (state kept on the model between calls) is never
 read, so a previous request cannot leak into this one.
