@@ -19,7 +19,10 @@ host loads fp32 on a CPU and fp16 on CUDA (so fp32 is for the CPU, fp16 for CUDA
 
 Prints a table and writes it to `--json-out` (default bench/out/multiturn-<size>-<dtype>.json); the last
 line printed is one JSON object: turn1_ttft_ratio_vs_hf, turn5_ttft_ratio_vs_hf, turn5_ttft_ratio_vs_limit,
-history_image_vision_calls, tokens_identical (+ bf16_prefill_ratio_vs_fp32 (vs_fp16 on CUDA),
+history_image_vision_calls, tokens_identical, first_differences (per turn and column whose reply differs
+from HF's: the first greedy step where it leaves HF's, and HF's top-two score margin there),
+differences_are_exact_ties (every such margin is 0.0: random weights in 16 bits tie exactly, and a tie
+broken the other way is no defect) (+ bf16_prefill_ratio_vs_fp32 (vs_fp16 on CUDA),
 decode_tps_ratio_vs_hf, bf16_decode_tps_ratio_vs_fp32, peak_rss_gb, extension_rss_overhead for --size real).
 When bf16 tokens differ, bench/chunked_prefill.py tells whether it is the prefix cache's chunked prefill.
 
@@ -314,7 +317,7 @@ class TokenTimer:
 
 
 def run_hf(args, history: dict) -> dict:
-    result = {"ttft": [], "tps": [], "replies": []}
+    result = {"ttft": [], "tps": [], "replies": [], "prefixes": [], "margins": []}
     for turn in range(len(QUESTIONS)):
         prompt, images = hf_conversation(history, turn)
         started = time.perf_counter()
@@ -326,14 +329,46 @@ def run_hf(args, history: dict) -> dict:
             out = shared.model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
                                         suppress_tokens=[shared.tokenizer.eos_token_id,
                                                          shared.model.config.image_token_id],
-                                        streamer=timer, pad_token_id=shared.tokenizer.pad_token_id)
-        new = out.shape[1] - inputs["input_ids"].shape[1]
+                                        streamer=timer, pad_token_id=shared.tokenizer.pad_token_id,
+                                        output_scores=True, return_dict_in_generate=True)
+        reply_ids = out.sequences[0, inputs["input_ids"].shape[1]:]
         result["ttft"].append(timer.first - started)
-        result["tps"].append((new - 1) / max(timer.last - timer.first, 1e-9))
-        reply = shared.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        result["tps"].append((len(reply_ids) - 1) / max(timer.last - timer.first, 1e-9))
+        reply = shared.tokenizer.decode(reply_ids, skip_special_tokens=True)
         result["replies"].append(reply.lstrip(" "))
+        result["prefixes"].append(reply_prefixes(reply_ids))  # untimed, as are the margins
+        result["margins"].append(top_two_margins(out.scores))
         print(f"  (a) turn {turn + 1}: ttft {result['ttft'][-1] * 1000:8.1f} ms, {result['tps'][-1]:6.1f} tokens/s")
     return result
+
+
+def reply_prefixes(reply_ids: torch.Tensor) -> list[str]:
+    """The reply's text after each greedy step (as the replies are compared: decoded, leading space dropped)."""
+    return [shared.tokenizer.decode(reply_ids[:k + 1], skip_special_tokens=True).lstrip(" ")
+            for k in range(len(reply_ids))]
+
+
+def top_two_margins(scores: tuple) -> list[float]:
+    """Per greedy step, how far HF's chosen token's score (after its suppressions) led the runner-up: 0.0 is
+    an exact tie, which either side may break its own way without a defect."""
+    top = torch.stack([step[0].float().topk(2).values for step in scores])  # (steps, 2)
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def first_differences(main: dict) -> list[dict]:
+    """Where a column's reply leaves HF's: per turn and column, the first greedy step whose text is no
+    longer a prefix of that column's reply, and HF's top-two margin there."""
+    hf, found = main["a"], []
+    for column, runs in main.items():
+        if column == "a" or "replies" not in runs:
+            continue
+        for turn, (ours, theirs) in enumerate(zip(runs["replies"], hf["replies"])):
+            if ours == theirs:
+                continue
+            step = next((k for k, prefix in enumerate(hf["prefixes"][turn]) if not ours.startswith(prefix)), None)
+            found.append({"turn": turn + 1, "column": column, "step": step,
+                          "hf_top2_margin": None if step is None else hf["margins"][turn][step]})
+    return found
 
 
 def run_limit(args, history: dict, reused: list[int]) -> list[float]:
@@ -449,15 +484,22 @@ def report(args, main: dict, other: dict | None, memory: dict) -> dict:
         print(line)
     replies = [main[k]["replies"] for k in main if "replies" in main[k]]
     identical = all(r == replies[0] for r in replies)
+    differences = first_differences(main)
     if not identical:
         for t in range(len(QUESTIONS)):
             print(f"turn {t + 1}: " + " | ".join(f"{k}={main[k]['replies'][t]!r}" for k in main if "replies" in main[k]))
+        for difference in differences:
+            print(f"turn {difference['turn']}, column ({difference['column']}): leaves HF at step "
+                  f"{difference['step']}, where HF's top-two margin is {difference['hf_top2_margin']}")
     summary = {
         "turn1_ttft_ratio_vs_hf": round(on["ttft"][0] / hf["ttft"][0], 3),
         "turn5_ttft_ratio_vs_hf": round(on["ttft"][4] / hf["ttft"][4], 3),
         "turn5_ttft_ratio_vs_limit": round(on["ttft"][4] / limit[4], 3),
         "history_image_vision_calls": sum(on["vision_images"]) - len(IMAGE_TURNS),
         "tokens_identical": identical,
+        # Random weights make exact ties (margin 0.0) likely in 16 bits; a tie broken otherwise is no defect.
+        "differences_are_exact_ties": all(d["hf_top2_margin"] == 0.0 for d in differences),
+        "first_differences": differences,
     }
     if other:
         bf16, base = (on, other["c"]) if args.dtype == "bf16" else (other["c"], on)

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Issue 49's GPU checks in one run: at most 8 minutes on a lent H100 or H200, one JSON object at the end.
+#
+# The call on the device machine (the device tool's `run`), after `bash tools/gpu_check.sh --prepare` here:
+#   command:   bash tools/gpu_check.sh --device cuda
+#   carry:     [".gpu"]
+#   timeout_s: 560
+# Only some sections, e.g. to run again what failed on a warm machine:
+#   command:   SECTIONS="multiturn decode" bash tools/gpu_check.sh --device cuda
+#
+#   bash tools/gpu_check.sh --prepare       # here, with a network: wheels and harness files into .gpu/ (git-ignored)
+#   bash tools/gpu_check.sh --device cpu    # the dry run: every section at tiny size on this CPU (.ci/run runs it)
+#
+# Sections, each under its own time budget (seconds on CUDA; the whole run stops at TOTAL_BUDGET, 480):
+#   families  (30)  every image-text family (and the original LLaVA layout) through the host on cuda:0 in fp32,
+#                   token for token against Hugging Face's generate (tools/families_on_device.py)
+#   vision    (45)  the card's vision_device / vision_bits: tower fp16 on cuda:0 with the LM fp32 on the CPU,
+#                   tower fp16 with the LM bf16 on cuda:0, tower fp32 on cuda:0 with the LM fp32 on the CPU
+#                   (Mllama takes a device but not another dtype: refused with the cause), every family and
+#                   the original LLaVA pipeline
+#   tgw       (55)  the extension inside text-generation-webui 1dcde41d at its pins (transformers 5.6.2, stock
+#                   gradio 4.37.2), started without --cpu: the harness's original LLaVA (attach, api) and the
+#                   gemma3, llava, mllama and qwen2_5_vl checkpoints (attach, the Model tab's path)
+#   multiturn (200) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
+#                   the tokens are identical or every difference starts at an exact tie of HF's top two
+#   decode    (130) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
+#                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder)
+# On the CPU the same sections run at tiny size (LM and tower on the CPU: fp32, and bf16 against fp32).
+#
+# What travels: the working tree and `.gpu/` (the device machine has no network and no ../shared):
+#   .gpu/whl-project  transformers 5.23.0 (this project's pin; the machine has 5.17) and num2words (SmolVLM)
+#   .gpu/whl-tgw      text-generation-webui head's pins the machine lacks: transformers 5.6.2, tokenizers 0.22.2
+#                     (5.6.2 refuses the machine's 0.23.2), gradio 4.37.2, gradio_client 1.0.2, fastapi 0.112.4,
+#                     starlette, pydantic 2.11.0 and its core, ddgs (imported at start-up) and the rest of what a
+#                     harness run imports there (measured in the harness's venv; TGW_WHEELS below)
+#   .gpu/tgw          run_in_tgw.py, make_tiny_models.py and tgw-1dcde41d.tar.gz from the harness
+# Installed with pip --target into $W/site-project and $W/site-tgw, put first on PYTHONPATH per section.
+# Logs and section figures: $W (default /tmp/gpu_check); with $OUT set, gpu_check.json and the logs go there.
+# Exit 0 only when every section passed.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DEVICE=cuda
+PREPARE=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) DEVICE=$2; shift 2 ;;
+    --prepare) PREPARE=1; shift ;;
+    *) echo "usage: gpu_check.sh [--prepare] [--device cuda|cpu]"; exit 2 ;;
+  esac
+done
+GPU_DIR=$ROOT/.gpu
+PROJECT_WHEELS="transformers==5.23.0 num2words==0.5.14"
+TGW_WHEELS="transformers==5.6.2 tokenizers==0.22.2 gradio==4.37.2 gradio_client==1.0.2 fastapi==0.112.4
+  starlette==0.38.6 pydantic==2.11.0 pydantic_core==2.33.0 typing-inspection==0.4.5 annotated-types==0.8.0
+  orjson==3.11.5 pydub==0.25.1 ffmpy==1.0.0 python-multipart==0.0.20 semantic-version==2.10.0 tomlkit==0.12.0
+  websockets==11.0.3 ddgs==9.14.1 cffi==2.0.0"
+HARNESS_FILES="run_in_tgw.py make_tiny_models.py tgw-1dcde41d.tar.gz"
+
+prepare() {  # wheels for Python 3.12 on x86-64 (the device machine's), and the harness files, into .gpu/
+  local harness=${TGW_HARNESS:-$ROOT/../shared/tgw} platforms=() n
+  for n in 28 27 17; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+  rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR/whl-project" "$GPU_DIR/whl-tgw" "$GPU_DIR/tgw" || return 1
+  local py=$ROOT/.venv/bin/python; [ -x "$py" ] || py=python3
+  local get=("$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+             "${platforms[@]}" --platform manylinux2014_x86_64 --platform any)
+  # shellcheck disable=SC2086
+  "${get[@]}" -d "$GPU_DIR/whl-project" $PROJECT_WHEELS && "${get[@]}" -d "$GPU_DIR/whl-tgw" $TGW_WHEELS || return 1
+  for n in $HARNESS_FILES; do cp "$harness/$n" "$GPU_DIR/tgw/" || return 1; done
+  local tree carried
+  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  carried=$(du -sb "$GPU_DIR" | cut -f1)
+  echo "prepared $GPU_DIR: $((carried / 1048576)) MiB carried + $((tree / 1048576)) MiB working tree (limit 64 MiB)"
+  [ $((tree + carried)) -lt $((64 * 1048576)) ] || { echo "over the 64 MiB a run may carry"; return 1; }
+}
+
+if [ -n "$PREPARE" ]; then prepare; exit; fi
+[ "$DEVICE" = cuda ] || [ "$DEVICE" = cpu ] || { echo "--device cuda or cpu"; exit 2; }
+
+W=${GPU_CHECK_WORK:-/tmp/gpu_check}
+rm -rf "$W" && mkdir -p "$W"
+export W DEVICE ROOT HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False PYTHONUNBUFFERED=1
+STARTED=$(date +%s)
+if [ "$DEVICE" = cuda ]; then
+  TOTAL_BUDGET=${TOTAL_BUDGET:-480}
+  declare -A BUDGET=([setup]=20 [families]=30 [vision]=45 [tgw]=55 [multiturn]=200 [decode]=130)
+  export PY=python3 TGW_PY=python3 SITE_PROJECT=$W/site-project SITE_TGW=$W/site-tgw HARNESS=$GPU_DIR/tgw
+  export LM_DEVICE=cuda:0
+else  # the dry run: this repository's venv, and the harness's venv for text-generation-webui's head
+  TOTAL_BUDGET=${TOTAL_BUDGET:-1500}
+  declare -A BUDGET=([setup]=20 [families]=240 [vision]=300 [tgw]=420 [multiturn]=300 [decode]=300)
+  PY=${PYTHON:-$ROOT/.venv/bin/python}; [ -x "$PY" ] || PY=python3
+  export PY TGW_PY=${TGW_PYTHON:-/tmp/tgw_venv_head/bin/python} SITE_PROJECT= SITE_TGW=
+  export HARNESS=${TGW_HARNESS:-$ROOT/../shared/tgw} LM_DEVICE=cpu
+fi
+
+project_py() { PYTHONPATH="$SITE_PROJECT${SITE_PROJECT:+:}$ROOT" "$PY" "$@"; }
+tgw_py() { PYTHONPATH="$SITE_TGW" "$TGW_PY" "$@"; }
+
+sec_setup() {  # the carried wheels, installed beside the machine's packages (which they shadow)
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || return 1
+  [ "$DEVICE" = cuda ] || return 0
+  [ -d "$GPU_DIR/whl-project" ] && [ -d "$GPU_DIR/whl-tgw" ] && [ -d "$HARNESS" ] || {
+    echo "no .gpu/ here: run 'bash tools/gpu_check.sh --prepare' where there is a network, and carry .gpu"; return 1; }
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  local pip=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
+  "${pip[@]}" --target "$SITE_PROJECT" "$GPU_DIR"/whl-project/*.whl && \
+    "${pip[@]}" --target "$SITE_TGW" "$GPU_DIR"/whl-tgw/*.whl || return 1
+  project_py -c "import transformers; print('project: transformers', transformers.__version__)" &&
+    tgw_py -c "import transformers, fastapi; print('tgw: transformers', transformers.__version__, 'fastapi', fastapi.__version__)"
+}
+
+sec_families() {
+  project_py tools/families_on_device.py --lm "$LM_DEVICE/fp32" --json-out "$W/families.json"
+}
+
+sec_vision() {  # each placement in its own process; the section fails if one does
+  local runs rc=0 i=0 lm vision
+  if [ "$DEVICE" = cuda ]; then runs=("cpu/fp32 cuda:0/fp16" "cuda:0/bf16 cuda:0/fp16" "cpu/fp32 cuda:0/fp32")
+  else runs=("cpu/fp32 cpu/bf16" "cpu/bf16 cpu/fp32"); fi
+  for pair in "${runs[@]}"; do
+    read -r lm vision <<<"$pair"; i=$((i + 1))
+    echo "== LM $lm, tower $vision"
+    project_py tools/families_on_device.py --lm "$lm" --vision "$vision" --json-out "$W/vision-$i.json" || rc=1
+  done
+  return $rc
+}
+
+tgw_run() {  # tgw_run NAME ARGS...: one harness run, text-generation-webui head on $DEVICE; its own unpacked tree
+  tgw_py "$HARNESS/run_in_tgw.py" --tgw-tarball "$HARNESS/tgw-1dcde41d.tar.gz" --unpack-dir "$W/tgw-trees/$1" \
+    --extension-dir "$ROOT/extensions/multimodal" --no-args-shim --device "$DEVICE" --threads 2 --turns 2 \
+    --tag "$1" --run-dir "$W/tgw-runs/$1" --json-out "$W/tgw-runs/$1.json" "${@:2}" >"$W/tgw-$1.log" 2>&1
+  local rc=$?
+  echo "$1 $rc" >>"$W/tgw-verdicts"
+  echo "$([ $rc = 0 ] && echo PASS || echo FAIL) $1 (exit $rc): $(grep -E 'RESULT|Error' "$W/tgw-$1.log" | tail -1 | cut -c1-200)"
+}
+
+sec_tgw() {
+  local families="gemma3 llava mllama qwen2_5_vl" fam
+  mkdir -p "$W/tgw-runs" && : >"$W/tgw-verdicts"
+  tgw_py "$HARNESS/make_tiny_models.py" --out "$W/tgw-models" >"$W/tgw-models.log" 2>&1 || {
+    echo "tiny models: see $W/tgw-models.log"; return 1; }
+  # shellcheck disable=SC2086
+  project_py tools/tgw_families.py build "$W/tgw-families" $families >"$W/tgw-families.log" 2>&1 || {
+    echo "family checkpoints: see $W/tgw-families.log"; return 1; }
+  tgw_run llava-v1.5-attach --models-info "$W/tgw-models/tiny_models.json" --image-mode attach &
+  tgw_run llava-v1.5-api --models-info "$W/tgw-models/tiny_models.json" --image-mode api &
+  for fam in $families; do
+    tgw_run "$fam-attach" --models-info "$W/tgw-families/$fam.json" --any-route --model-after-extensions \
+      --image-mode attach &
+  done
+  wait
+  ! grep -qv " 0$" "$W/tgw-verdicts"
+}
+
+sec_multiturn() {
+  if [ "$DEVICE" = cuda ]; then
+    project_py bench/multiturn.py --size real --dtype bf16 --device cuda --text-layers 32 \
+      --model-dir "$W/real-model" --json-out "$W/multiturn-table.json"
+  else
+    project_py bench/multiturn.py --size small --dtype fp32 --device cpu --text-layers 1 --vision-layers 1 \
+      --repeats 1 --max-new-tokens 4 --json-out "$W/multiturn-table.json"
+  fi
+}
+
+sec_decode() {  # bench/decode.py's own JSON (its last line)
+  [ -f bench/decode.py ] || { echo "bench/decode.py is not in this tree yet"; return 1; }
+  if [ "$DEVICE" = cuda ]; then
+    project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --runs 3 --new-tokens 128 \
+      --compiled --json --model-dir "$W/real-model"  # the folder multiturn built (built here when it is missing)
+  else
+    project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \
+      --compiled --json
+  fi
+}
+
+export -f project_py tgw_py sec_setup sec_families sec_vision sec_tgw tgw_run sec_multiturn sec_decode
+export GPU_DIR
+
+failed=0
+for name in setup ${SECTIONS:-families vision tgw multiturn decode}; do
+  left=$((TOTAL_BUDGET - ($(date +%s) - STARTED)))
+  budget=${BUDGET[$name]:-60}; [ "$budget" -le "$left" ] || budget=$left
+  start=$(date +%s)
+  if [ "$budget" -lt 5 ]; then
+    echo "skipped: the run's $TOTAL_BUDGET s were spent" >"$W/$name.log"; rc=124
+  else
+    timeout -k 10 "$budget" bash -c "sec_$name" >"$W/$name.log" 2>&1; rc=$?
+  fi
+  echo "$name $rc $(($(date +%s) - start)) $budget" >>"$W/verdicts"
+  [ $rc = 0 ] || failed=$((failed + 1))
+  echo "$([ $rc = 0 ] && echo PASS || echo FAIL) $name ($(($(date +%s) - start)) s of $budget): $(tail -1 "$W/$name.log" | cut -c1-160)"
+  [ "$name" = setup ] && [ $rc != 0 ] && break  # nothing else can run without the wheels
+done
+
+"$PY" "$ROOT/tools/gpu_check_report.py" "$W" "$DEVICE" >"$W/gpu_check.json" || failed=$((failed + 1))
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp "$W/gpu_check.json" "$OUT/" && tar czf "$OUT/gpu_check_logs.tar.gz" -C "$W" --exclude=real-model \
+    --exclude=site-project --exclude=site-tgw --exclude=tgw-trees --exclude=tgw-models --exclude=tgw-families \
+    --exclude='tgw-runs/*/tgw' --exclude='tgw-runs/*/gradio_uploads' .
+fi
+cat "$W/gpu_check.json"
+[ $failed = 0 ]

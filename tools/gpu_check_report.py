@@ -1,0 +1,115 @@
+"""The one JSON object `tools/gpu_check.sh` prints at its end: each section's verdict and figures.
+
+    python tools/gpu_check_report.py WORK_DIR DEVICE      # DEVICE: cuda or cpu
+
+Reads what the sections left in WORK_DIR: `verdicts` (one line per section: name, exit status, seconds,
+budget), `families.json` and `vision-*.json` (tools/families_on_device.py), `tgw-verdicts` and the harness's
+reports, the last JSON line of `multiturn.log` (bench/multiturn.py's summary) and of `decode.log`
+(bench/decode.py --json). A section passes when it exited 0; the multiturn bench also needs identical
+tokens, or every difference starting where Hugging Face's top two scores tie exactly. Exit 1 when any
+section failed. Standard library and torch only (torch for the GPU's name).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def last_json(path: Path):
+    """The last line of `path` that is a JSON object, or None."""
+    if not path.is_file():
+        return None
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def family_verdicts(path: Path) -> dict | None:
+    """Per family, one short verdict of tools/families_on_device.py's JSON."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    verdicts = {}
+    for name, result in data["families"].items():
+        if not result["ok"]:
+            verdicts[name] = f"FAIL: {result.get('error') or result.get('refused') or result}"
+        elif "refused" in result:
+            verdicts[name] = "refused, as it must be: " + result["refused"].split("Cause: ")[-1][:160]
+        elif "reference_unavailable" in result:
+            verdicts[name] = f"ours ran; Hugging Face cannot: {result['reference_unavailable'][:120]}"
+        elif "relative_row_error" in result:
+            verdicts[name] = f"rows within {result['relative_row_error']} of the unmoved tower's; tower {result['tower']}"
+        else:
+            verdicts[name] = f"identical to Hugging Face; tower {result['tower']}"
+    return {"lm": data["lm"], "vision": data["vision"], "ok": data["ok"], "families": verdicts}
+
+
+def tgw_figures(work: Path) -> dict:
+    runs = {}
+    verdicts = work / "tgw-verdicts"
+    for line in (verdicts.read_text().splitlines() if verdicts.is_file() else []):
+        name, rc = line.split()
+        log = work / f"tgw-{name}.log"
+        result = next((l for l in reversed(log.read_text(errors="replace").splitlines()) if "RESULT" in l), "")
+        runs[name] = "PASS" if rc == "0" else f"FAIL (exit {rc}): {result[-200:] or 'see ' + log.name}"
+    return {"runs": runs}
+
+
+def multiturn_figures(work: Path) -> tuple[dict | None, bool]:
+    summary = last_json(work / "multiturn.log")
+    if summary is None:
+        return None, False
+    table = work / "multiturn-table.json"
+    figures = {"summary": summary}
+    if table.is_file():
+        data = json.loads(table.read_text())
+        figures.update(device=data.get("device"), turns=data.get("turns"))
+    return figures, bool(summary.get("tokens_identical") or summary.get("differences_are_exact_ties"))
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    return next((l.split(":", 1)[1].strip() for l in lines if l.startswith("model name")), "CPU")
+
+
+def main() -> int:
+    work, device = Path(sys.argv[1]), sys.argv[2]
+    sections = {}
+    for line in (work / "verdicts").read_text().splitlines():
+        name, rc, seconds, budget = line.split()
+        log = work / f"{name}.log"
+        tail = log.read_text(errors="replace").splitlines()[-3:] if log.is_file() else []
+        sections[name] = {"ok": rc == "0", "exit": int(rc), "seconds": int(seconds), "budget_s": int(budget),
+                          "timed_out": rc in ("124", "137"), "log_tail": [l[-300:] for l in tail]}
+    figures = {
+        "setup": lambda: {"log": (work / "setup.log").read_text(errors="replace").splitlines()[-4:]},
+        "families": lambda: family_verdicts(work / "families.json"),
+        "vision": lambda: [family_verdicts(p) for p in sorted(work.glob("vision-*.json"))],
+        "tgw": lambda: tgw_figures(work),
+        "decode": lambda: last_json(work / "decode.log"),
+    }
+    for name, section in sections.items():
+        if name == "multiturn":
+            section["figures"], identical = multiturn_figures(work)
+            section["ok"] = section["ok"] and identical
+        elif name in figures:
+            section["figures"] = figures[name]()
+    report = {"device": device, "name": device_name(device), "ok": all(s["ok"] for s in sections.values()),
+              "sections": sections}
+    print(json.dumps(report, indent=1, ensure_ascii=True))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
