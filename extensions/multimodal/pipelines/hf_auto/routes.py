@@ -40,9 +40,6 @@ import inspect
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from extensions.multimodal.abstract_pipeline import feature_rows
-
-from . import cross_attention
 from .image_tokens import image_token_id
 
 EMBEDS = "embeds"
@@ -106,6 +103,12 @@ def route_kwargs(model, route: str, input_ids: torch.Tensor, inputs_embeds: torc
                  features: list[torch.Tensor]):
     """The pipeline's `generate_kwargs` for `route`: a function of (cached length, cache) giving `generate()`'s
     keyword arguments. `layouts`, `features`: per embedded image, its `ImageLayout` and `embed_images` rows."""
+    # Imported here, not above: launch.py reads ROUTES (through auto_classes.py) before text-generation-
+    # webui's server.py runs, outside the extension's package, where these modules cannot be imported yet.
+    from extensions.multimodal.abstract_pipeline import feature_rows
+
+    from . import cross_attention
+
     if route == EMBEDS:  # with the real image ids (the host's may stand in for a pad id)
         return lambda cached_length, cache: embeds_kwargs(input_ids, inputs_embeds)
     if any(f is None for f in features):

@@ -1,4 +1,5 @@
-"""A prompt with picture tags as a remote engine takes it (this repository's host, `--engine-url`).
+"""A prompt with picture tags as a remote engine takes it (this repository's host with `--engine-url`, and
+text-generation-webui with the extension's engine: tgw/remote_generation.py).
 
 The engine (vLLM) gets the prompt's text with each tag replaced by the text the model's chat template
 writes for a picture, and the pictures themselves: the bytes each tag holds, as data URLs. Its own
@@ -31,7 +32,7 @@ def engine_prompt(prompt: str, state: dict, params: dict) -> Optional[dict]:
         return None
     embedder = served_model.embedder(params)
     pipeline = embedder.pipeline
-    placeholder = getattr(pipeline, "chat_template_placeholder", lambda: None)()
+    placeholder = pipeline.chat_template_placeholder()
     if not placeholder:
         raise ValueError(f"The pipeline '{pipeline.name()}' names no image placeholder, so a remote engine cannot "
                          f"be sent its pictures; use the local engine for this model.")
@@ -47,18 +48,20 @@ def engine_prompt(prompt: str, state: dict, params: dict) -> Optional[dict]:
     state[IMAGE_TOKENS] = [n_tokens(part) for part in parts if part.is_image]
     pieces = IMAGE_TAG_RE.split(prompt)[::3]  # split() also returns the pattern's two groups after each piece
     return {"pieces": pieces, "images": [f"data:{tag.group('mime')};base64,{tag.group('data')}" for tag in tags],
-            "placeholder": placeholder, "processor_kwargs": processor_kwargs(pipeline, budget)}
+            "placeholder": placeholder, "processor_kwargs": pipeline.processor_kwargs(budget)}
+
+
+def measure(prompt: str, params: dict) -> int:
+    """The prompt's length in tokens as the engine takes it (every picture whole, at the setting's budget)."""
+    embedder = served_model.embedder(params)
+    return whole_picture_encoder(embedder).measure(prompt, image_budget.resolve({}, params))
 
 
 def whole_picture_encoder(embedder) -> PromptEncoder:
     """A PromptEncoder for `embedder`'s pipeline that lays out every picture as an embedded one."""
     global _encoder
     if _encoder[0] is not embedder:
-        _encoder = (embedder, PromptEncoder(embedder.pipeline, {**embedder.params, "add_all_images_to_prompt": True}))
+        # nothing is embedded here: it keeps no laid-out pictures for embedding them (`embedding_cache_mb` 0)
+        params = {**embedder.params, "add_all_images_to_prompt": True, "embedding_cache_mb": 0}
+        _encoder = (embedder, PromptEncoder(embedder.pipeline, params))
     return _encoder[1]
-
-
-def processor_kwargs(pipeline, budget) -> dict:
-    """The processor's own keyword arguments for `budget` (the engine passes them to its processor)."""
-    kwargs = getattr(pipeline, "processor_kwargs", None)
-    return kwargs(budget) if kwargs is not None else {}
