@@ -14,16 +14,16 @@
 # Sections, each under its own time budget (seconds on CUDA; the whole run stops at TOTAL_BUDGET, 480):
 #   families  (30)  every image-text family (and the original LLaVA layout) through the host on cuda:0 in fp32,
 #                   token for token against Hugging Face's generate (tools/families_on_device.py)
-#   vision    (45)  the card's vision_device / vision_bits: tower fp16 on cuda:0 with the LM fp32 on the CPU,
+#   vision    (40)  the card's vision_device / vision_bits: tower fp16 on cuda:0 with the LM fp32 on the CPU,
 #                   tower fp16 with the LM bf16 on cuda:0, tower fp32 on cuda:0 with the LM fp32 on the CPU
 #                   (Mllama takes a device but not another dtype: refused with the cause), every family and
 #                   the original LLaVA pipeline
-#   tgw       (55)  the extension inside text-generation-webui 1dcde41d at its pins (transformers 5.6.2, stock
+#   tgw       (50)  the extension inside text-generation-webui 1dcde41d at its pins (transformers 5.6.2, stock
 #                   gradio 4.37.2), started without --cpu: the harness's original LLaVA (attach, api) and the
 #                   gemma3, llava, mllama and qwen2_5_vl checkpoints (attach, the Model tab's path)
-#   multiturn (200) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
+#   multiturn (220) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
 #                   the tokens are identical or every difference starts at an exact tie of HF's top two
-#   decode    (130) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
+#   decode    (120) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder)
 # On the CPU the same sections run at tiny size (LM and tower on the CPU: fp32, and bf16 against fp32).
 #
@@ -79,11 +79,14 @@ if [ -n "$PREPARE" ]; then prepare; exit; fi
 
 W=${GPU_CHECK_WORK:-/tmp/gpu_check}
 rm -rf "$W" && mkdir -p "$W"
+# The real-size model folder (LLaVA-1.5-7B's shapes, saved in float32) lives outside $W: a second run on the same
+# machine reuses it.
+export REAL_MODEL=${REAL_MODEL:-/tmp/gpu_check_real_model}
 export W DEVICE ROOT HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False PYTHONUNBUFFERED=1
 STARTED=$(date +%s)
 if [ "$DEVICE" = cuda ]; then
   TOTAL_BUDGET=${TOTAL_BUDGET:-480}
-  declare -A BUDGET=([setup]=20 [families]=30 [vision]=45 [tgw]=55 [multiturn]=200 [decode]=130)
+  declare -A BUDGET=([setup]=20 [families]=30 [vision]=40 [tgw]=50 [multiturn]=220 [decode]=120)
   export PY=python3 TGW_PY=python3 SITE_PROJECT=$W/site-project SITE_TGW=$W/site-tgw HARNESS=$GPU_DIR/tgw
   export LM_DEVICE=cuda:0
 else  # the dry run: this repository's venv, and the harness's venv for text-generation-webui's head
@@ -153,10 +156,15 @@ sec_tgw() {
   ! grep -qv " 0$" "$W/tgw-verdicts"
 }
 
+whole_model_or_none() {  # a folder cut short (a section out of time while saving) is built again, not loaded
+  [ -f "$REAL_MODEL/tokenizer_config.json" ] || rm -rf "$REAL_MODEL"  # the processor is saved last
+}
+
 sec_multiturn() {
   if [ "$DEVICE" = cuda ]; then
+    whole_model_or_none
     project_py bench/multiturn.py --size real --dtype bf16 --device cuda --text-layers 32 \
-      --model-dir "$W/real-model" --json-out "$W/multiturn-table.json"
+      --model-dir "$REAL_MODEL" --json-out "$W/multiturn-table.json"
   else
     project_py bench/multiturn.py --size small --dtype fp32 --device cpu --text-layers 1 --vision-layers 1 \
       --repeats 1 --max-new-tokens 4 --json-out "$W/multiturn-table.json"
@@ -166,15 +174,16 @@ sec_multiturn() {
 sec_decode() {  # bench/decode.py's own JSON (its last line)
   [ -f bench/decode.py ] || { echo "bench/decode.py is not in this tree yet"; return 1; }
   if [ "$DEVICE" = cuda ]; then
+    whole_model_or_none
     project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --runs 3 --new-tokens 128 \
-      --compiled --json --model-dir "$W/real-model"  # the folder multiturn built (built here when it is missing)
+      --compiled --json --model-dir "$REAL_MODEL"  # the folder multiturn built (built here when it is missing)
   else
     project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \
       --compiled --json
   fi
 }
 
-export -f project_py tgw_py sec_setup sec_families sec_vision sec_tgw tgw_run sec_multiturn sec_decode
+export -f whole_model_or_none project_py tgw_py sec_setup sec_families sec_vision sec_tgw tgw_run sec_multiturn sec_decode
 export GPU_DIR
 
 failed=0
@@ -195,7 +204,7 @@ done
 
 "$PY" "$ROOT/tools/gpu_check_report.py" "$W" "$DEVICE" >"$W/gpu_check.json" || failed=$((failed + 1))
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$W/gpu_check.json" "$OUT/" && tar czf "$OUT/gpu_check_logs.tar.gz" -C "$W" --exclude=real-model \
+  cp "$W/gpu_check.json" "$OUT/" && tar czf "$OUT/gpu_check_logs.tar.gz" -C "$W" \
     --exclude=site-project --exclude=site-tgw --exclude=tgw-trees --exclude=tgw-models --exclude=tgw-families \
     --exclude='tgw-runs/*/tgw' --exclude='tgw-runs/*/gradio_uploads' .
 fi

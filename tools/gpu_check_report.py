@@ -105,7 +105,9 @@ def main() -> int:
             section["ok"] = section["ok"] and identical
         elif name in figures:
             section["figures"] = figures[name]()
-    report = {"device": device, "name": device_name(device), "ok": all(s["ok"] for s in sections.values()),
+    name = device_name(device)
+    report = {"device": device, "gpu": name if device == "cuda" else None, "machine": name,
+              "ok": all(s["ok"] for s in sections.values()),
               "sections": sections}
     print(json.dumps(report, indent=1, ensure_ascii=True))
     return 0 if report["ok"] else 1
