@@ -147,3 +147,29 @@ def test_the_processor_route_gives_hugging_faces_replies(tgw_host, family_folder
     assert ours == theirs
     assert reused == [None, None, None]  # the processor route keeps no cache: the tower runs inside generate
 
+
+
+def test_the_processor_route_runs_the_processor_once_for_a_prompt_measured_then_generated(tgw_host, family_folder,
+                                                                                           monkeypatch):
+    """text-generation-webui measures the prompt (`custom_tokenized_length`), then hands it to the tokenizer
+    hook: one processor run for both, counted at the pipeline; a changed prompt runs it again."""
+    from modules.chat import new_state
+
+    script = tgw_host("qwen2_5_vl", exact_features=False)
+    pipeline = script.served_model.embedder(script.params).pipeline
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return type(pipeline).processor_inputs(pipeline, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "processor_inputs", counted)
+    reference = hf_reference.load(family_folder("qwen2_5_vl"))
+    prompt = tagged_prompt(reference, conversation([picture(5)], [], reference.tokenizer),
+                           TEMPLATE_IMAGE_TEXT["qwen2_5_vl"], script)
+    measured = script.custom_tokenized_length(prompt)
+    state = new_state(add_bos_token=True)
+    _, ids, _ = script.tokenizer_modifier(state, prompt, encode(prompt), None)
+    assert measured == ids.shape[-1] and len(calls) == 1
+    script.custom_tokenized_length(prompt + "more")
+    assert len(calls) == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 from PIL import Image
@@ -20,6 +20,10 @@ class ImageLayout:
     """One image's share of the prompt's ids, as the model's own processor writes it."""
     ids: torch.Tensor  # (n,) int64: everything the image becomes; `placeholder_token_id()` where its features go
     info: dict = field(default_factory=dict)  # per-image facts `generate_kwargs` needs (Qwen: the image's grid)
+    # What the pipeline made of the picture to lay it out (its processor's tensors), or None: the embedder
+    # keeps it, bounded, with the decoded picture and gives it back as `embed_images(images, prepared=[...])`,
+    # so a new picture is not decoded and processed a second time when it is embedded.
+    prepared: Any = None
 
 
 def feature_rows(features: torch.Tensor) -> torch.Tensor:

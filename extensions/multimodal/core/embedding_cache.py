@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Hashable, Optional
 
 import torch
@@ -25,6 +26,17 @@ PARAMS_CHANGING_EMBEDDINGS = ("vision_device", "vision_bits", "projector_device"
 
 def tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def nbytes_of(value: Any) -> int:
+    """Bytes of the tensors in `value`: a tensor, or a mapping, sequence or object holding tensors."""
+    if isinstance(value, torch.Tensor):
+        return tensor_nbytes(value)
+    if isinstance(value, Mapping):
+        return sum(nbytes_of(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes_of(item) for item in value)
+    return sum(nbytes_of(item) for item in vars(value).values()) if hasattr(value, "__dict__") else 0
 
 
 def pipeline_context(pipeline, params: dict) -> str:

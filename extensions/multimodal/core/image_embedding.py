@@ -2,8 +2,10 @@
 
 `ImageEmbedder.embed(parts, several)` gives each image part its features (as `embed_images`
 returned them: see `feature_rows`) and its embedding rows `(rows, hidden)`, checked against the
-placeholder count its ids hold. Pictures are decoded here, only when they miss the cache; the cache
-key is the picture's bytes plus everything else that changes its rows (`pipeline_context`).
+placeholder count its ids hold. Pictures are decoded here only when they miss the cache and were not
+kept from laying them out (`PromptPart.picture`); what the pipeline prepared then
+(`ImageLayout.prepared`) goes back to it (`embed_images(..., prepared=[...])`). The cache key is the
+picture's bytes plus everything else that changes its rows (`pipeline_context`).
 """
 from __future__ import annotations
 
@@ -57,9 +59,13 @@ class ImageEmbedder:
                      budget: Optional[Budget]) -> Dict[str, torch.Tensor]:
         """`misses`: per cache key, the image part and its bytes."""
         parts = [part for part, _ in misses.values()]
-        images = [decode_image_bytes(data, max_image_pixels(self.params), image_label(part.index))
+        images = [part.picture if part.picture is not None else
+                  decode_image_bytes(data, max_image_pixels(self.params), image_label(part.index))
                   for part, data in misses.values()]
         kwargs = ({"several": True} if several else {}) | ({"budget": budget} if budget is not None else {})
+        prepared = [part.layout.prepared if part.layout is not None else None for part in parts]
+        if all(one is not None for one in prepared):  # only pipelines whose layouts prepared something get it back
+            kwargs["prepared"] = prepared
         output = self.pipeline.embed_images(images, **kwargs)
         counts = [int(feature_positions(part, self.pipeline).sum()) for part in parts]
         fresh = dict(zip(misses, split_image_rows(output, counts, self.pipeline.name())))

@@ -164,6 +164,7 @@ class MultimodalEmbedder:
         if owner[0] is not self._owner[0] or owner[1] is not self._owner[1]:
             self.images.cache.clear()
             self.prompts.memo.clear()
+            self.prompts.laid_out.clear()
             self._owner = owner
 
 

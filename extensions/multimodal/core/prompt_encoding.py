@@ -9,18 +9,23 @@
    user is told how many).
 `measure(prompt)` is the length in tokens, images included; it decodes a picture only when the
 pipeline needs the pixels to lay it out. Ids and layouts are memoised: a chat prompt is measured
-many times per turn.
+many times per turn. A picture decoded to be laid out is kept, with what the pipeline prepared from it
+(`ImageLayout.prepared`: its processor's tensors), for embedding it (`PromptPart.picture`,
+`part.layout.prepared`): a new picture is decoded and processed once, not again when it is embedded.
+That store is bounded in bytes, as the embedding cache is (`embedding_cache_mb`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Optional, Tuple
 
 import torch
+from PIL import Image
 
 from extensions.multimodal.core import dropped_pictures, notices
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, overrides
-from extensions.multimodal.core.defaults import DROPPED_IMAGES, max_image_pixels, wants_bos
-from extensions.multimodal.core.embedding_cache import BoundedLRU, tensor_nbytes
+from extensions.multimodal.core.defaults import DROPPED_IMAGES, max_image_pixels, wants_bos, with_defaults
+from extensions.multimodal.core.embedding_cache import BoundedLRU, megabytes, nbytes_of, tensor_nbytes
 from extensions.multimodal.core.image_budget import Budget
 from extensions.multimodal.core.image_codec import image_for_counting, image_label, tag_b64_to_image
 from extensions.multimodal.core.loaded_model import model_device, tokenizer
@@ -39,6 +44,8 @@ class PromptEncoder:
         self.pipeline = pipeline
         self.params = params
         self.memo = BoundedLRU(MEMO_BYTES)
+        # per layout key: (the decoded picture, what the pipeline prepared from it), kept for embedding it
+        self.laid_out = BoundedLRU(megabytes(with_defaults(params)["embedding_cache_mb"]))
 
     def split(self, prompt: str) -> List[PromptPart]:
         return split_prompt(self.pipeline.prompt_text(prompt), self.pipeline.image_start(), self.pipeline.image_end())
@@ -80,7 +87,7 @@ class PromptEncoder:
         embedded, several = self.images_to_embed(parts), self.several(parts)
         for i, part in enumerate(parts):
             if part.is_image:
-                part.layout = self.image_layout(part, part.index in embedded, several, budget)
+                part.layout, part.picture = self.image_layout(part, part.index in embedded, several, budget)
                 part.input_ids = part.layout.ids
             else:
                 part.input_ids = self.text_ids(part.text, first=i == 0, add_bos=add_bos)
@@ -96,26 +103,33 @@ class PromptEncoder:
         return self.pipeline.layout_depends_on_count() and count_images(parts) > 1
 
     def image_layout(self, part: PromptPart, embedded: bool, several: bool = False,
-                     budget: Optional[Budget] = None) -> ImageLayout:
-        """The ids an image becomes: `num_image_embeds()` placeholders, or the pipeline's own per-image layout."""
+                     budget: Optional[Budget] = None) -> Tuple[ImageLayout, Optional[Image.Image]]:
+        """The ids an image becomes: `num_image_embeds()` placeholders, or the pipeline's own per-image layout
+        (with what it prepared, when kept); and the picture, when it was decoded for that and kept."""
         pixels = overrides(self.pipeline, "image_layout")  # a processor's own layout needs the pixels
         if not (embedded and (pixels or overrides(self.pipeline, "num_image_embeds_for"))):
-            return ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds())))
+            return ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds()))), None
         budget = budget if takes_budget(self.pipeline) else None
         key = ("image layout", part.b64, several, budget)
         layout = self.memo.get(key)
-        if layout is None:
-            read = tag_b64_to_image if pixels else image_for_counting  # a count from the size needs the header only
-            image = read(part.b64, max_image_pixels(self.params), image_label(part.index))
-            layout = self.layout_of(image, several, budget) if pixels else \
-                ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
+        if layout is not None:
+            picture, prepared = self.laid_out.get(key) or (None, None)
+            return replace(layout, prepared=prepared), picture
+        read = tag_b64_to_image if pixels else image_for_counting  # a count from the size needs the header only
+        image = read(part.b64, max_image_pixels(self.params), image_label(part.index))
+        if not pixels:
+            layout = ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
             self.memo.put(key, layout, tensor_nbytes(layout.ids) + len(part.b64))
-        return layout
+            return layout, None
+        layout = self.layout_of(image, several, budget)
+        self.memo.put(key, replace(layout, prepared=None), tensor_nbytes(layout.ids) + len(part.b64))
+        self.laid_out.put(key, (image, layout.prepared), picture_nbytes(image) + nbytes_of(layout.prepared))
+        return layout, image
 
     def layout_of(self, image, several: bool, budget: Optional[Budget]) -> ImageLayout:
         kwargs = ({"several": True} if several else {}) | ({"budget": budget} if budget is not None else {})
         layout = self.pipeline.image_layout(image, **kwargs)
-        return ImageLayout(layout.ids.to(device=model_device(), dtype=torch.int64), layout.info)
+        return replace(layout, ids=layout.ids.to(device=model_device(), dtype=torch.int64))
 
     def placeholder_ids(self, count: int) -> torch.Tensor:
         return torch.full((count,), int(self.pipeline.placeholder_token_id()), dtype=torch.int64,
@@ -135,6 +149,10 @@ class PromptEncoder:
             ids = encode(text, add_bos_token=add_bos)[0].to(dtype=torch.int64) if first else encode_after_special(text)
             self.memo.put(key, ids, tensor_nbytes(ids) + 4 * len(text))
         return ids
+
+
+def picture_nbytes(image: Image.Image) -> int:
+    return image.width * image.height * len(image.getbands())
 
 
 def takes_budget(pipeline) -> bool:

@@ -26,6 +26,7 @@ class PromptPart:
     index: Optional[int] = None  # an image's 0-based position among the prompt's images
     layout: Optional[object] = None  # an image's ImageLayout (its ids, and what the model's route needs)
     features: Optional[torch.Tensor] = None  # an embedded image's feature rows (rows, hidden)
+    picture: Optional[object] = None  # an image's decoded PIL picture, kept from laying it out, for embedding it
 
 
 def n_tokens(part: PromptPart) -> int:

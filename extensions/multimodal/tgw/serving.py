@@ -12,6 +12,8 @@ This module knows no family: the pipeline does.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from extensions.multimodal.core import image_budget, loaded_model, served_model
@@ -22,6 +24,7 @@ from modules.logging_colors import logger
 
 
 _decided: tuple = (None, False)  # (the model, whether the extension generates for it)
+_last_inputs: tuple = (None, None)  # (the key of route_inputs' last call, its result)
 
 
 def extension_generates(params: dict) -> bool:
@@ -48,9 +51,21 @@ def processor_route(params: dict) -> bool:
 
 
 def route_inputs(tagged: str, state: dict, params: dict):
-    """The processor's inputs for `tagged`, its pictures at the message's or the setting's budget."""
+    """The processor's inputs for `tagged`, its pictures at the message's or the setting's budget.
+
+    The last result is kept: text-generation-webui measures the prompt (`custom_tokenized_length`) and
+    then hands the same prompt to the tokenizer hook; the processor (decoding and preparing every
+    picture) runs once for both. Callers must not modify the result."""
+    global _last_inputs
     pipeline = served_model.embedder(params).pipeline
-    return pipeline.processor_inputs(tagged, wants_bos(state), max_image_pixels(params), image_budget.resolve(state, params))
+    settings = (tagged, wants_bos(state), max_image_pixels(params), image_budget.resolve(state, params))
+    key = (weakref.ref(pipeline), *settings)  # a model given up is not kept alive by its last inputs
+    last = _last_inputs  # read once: another session's turn may replace it meanwhile
+    if last[0] == key:
+        return last[1]
+    inputs = pipeline.processor_inputs(*settings)
+    _last_inputs = (key, inputs)
+    return inputs
 
 
 def processor_route_ids(tagged: str, state: dict, params: dict) -> torch.Tensor:

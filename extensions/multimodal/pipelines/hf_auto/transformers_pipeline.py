@@ -84,12 +84,16 @@ class TransformersPipeline(AbstractMultimodalPipeline):
     def placeholder_embeddings(self) -> torch.Tensor:
         return self.embed_tokens(torch.full((self.tag.tokens_per_image,), self.image_id, dtype=torch.long))
 
-    def embed_images(self, images: List[Image.Image], several: bool = False, budget=None) -> List[torch.Tensor]:
+    def embed_images(self, images: List[Image.Image], several: bool = False, budget=None,
+                     prepared: Optional[list] = None) -> List[torch.Tensor]:
         """`(rows, hidden)` per image from one batched `get_image_features`, on the LM's device and dtype
-        (Qwen3-VL: `(rows, 1 + DeepStack layers, hidden)`); `budget`: None for the checkpoint's settings."""
+        (Qwen3-VL: `(rows, 1 + DeepStack layers, hidden)`); `budget`: None for the checkpoint's settings.
+        `prepared`: each image's `image_layout(...).prepared`, used for one image (processed as here); several
+        new images go through the processor together, as Hugging Face's do."""
         if not images:
             raise ValueError("embed_images needs at least one image, got 0")
-        processed = self._process(with_company(images, several), several, budget)
+        one = prepared is not None and len(images) == 1
+        processed = prepared[0] if one else self._process(with_company(images, several), several, budget)
         if self.route == routes.CROSS_ATTENTION:
             rows = cross_attention.image_features(self.model, processed)
         else:
@@ -102,9 +106,9 @@ class TransformersPipeline(AbstractMultimodalPipeline):
     def image_layout(self, image: Image.Image, several: bool = False, budget=None) -> ImageLayout:
         processed = self._process(with_company([image], several), several, budget)
         grid = processed.inputs.get("image_grid_thw")
-        if self.route == routes.CROSS_ATTENTION:
-            return ImageLayout(processed.tokens[0].ids, {"tiles": cross_attention.tiles_per_image(processed)[0]})
-        return ImageLayout(processed.tokens[0].ids, {"image_grid_thw": grid[:1]} if grid is not None else {})
+        info = {"tiles": cross_attention.tiles_per_image(processed)[0]} if self.route == routes.CROSS_ATTENTION \
+            else {"image_grid_thw": grid[:1]} if grid is not None else {}
+        return ImageLayout(processed.tokens[0].ids, info, prepared=processed)
 
     def _process(self, images: List[Image.Image], several: bool, budget):
         return process_images(self.processor, images, several, self.processor_kwargs(budget))
