@@ -22,15 +22,19 @@ class: its image rows are compared with the same pipeline's rows with the tower 
 below 6%, a 16-bit tower's rounding), and its reply must be non-empty.
 
 Prints one line per family, then one JSON object: `{"ok": bool, "families": {name: {...}}}`. Exit 1 when
-any family failed: our turn raised, or our tokens differ from an available reference. Mllama with
+any family failed: our turn raised, or our tokens differ from an available reference (where they do, the
+first differing step and Hugging Face's top-two score margin there are reported; a margin of exactly 0.0
+is a tie either token may take, and passes). Mllama with
 `vision_bits` other than its LM's dtype must be refused with a ValueError naming the cause (transformers
 builds its cross-attention mask in the vision model's dtype), and counts as passing when it is.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import io
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -43,7 +47,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modules import chat, extensions, logits_processor_loader, models, shared  # noqa: E402
+from modules import chat, extensions, logits_processor_loader, models, prefix_cache, shared  # noqa: E402
 
 NEW_TOKENS = 8
 QUESTION = "What is in the picture?"
@@ -103,6 +107,7 @@ def load(folder: Path, lm: tuple[str, str], settings: dict) -> None:
     shared.model, shared.tokenizer = model.to(device).eval(), models.load_tokenizer(folder)
     shared.model_name = folder.name
     extensions.reset()
+    prefix_cache.clear()  # nothing of the previous model's turns
     for module in [m for m in sys.modules if m.startswith("extensions.")]:
         del sys.modules[module]  # the extension's params are module-level: a fresh import per model
     extensions.load_extensions()
@@ -117,8 +122,9 @@ def our_reply(picture: bytes) -> str:
     return latest["internal"][-1][1]
 
 
-def hf_reply(folder: Path, picture: bytes) -> str:
-    """Hugging Face's greedy reply from the loaded model (see the module docstring)."""
+def hf_reply(folder: Path, picture: bytes) -> tuple[str, list[str], list[float]]:
+    """Hugging Face's greedy reply from the loaded model (see the module docstring), its text after each
+    step, and at each step how far its chosen token's score led the runner-up (0.0: an exact tie)."""
     from extensions.multimodal.pipelines.hf_auto.image_features import vision_device_dtype
     from fixtures import hf_reference
 
@@ -133,9 +139,12 @@ def hf_reply(folder: Path, picture: bytes) -> str:
               else value.to(lm_device) for key, value in inputs.items() if isinstance(value, torch.Tensor)}
     with torch.inference_mode():
         output = model.generate(**placed, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                suppress_tokens=[model.config.image_token_id])
-    reply = processor.tokenizer.decode(output[0, placed["input_ids"].shape[1]:], skip_special_tokens=True)
-    return reply.lstrip(" ")
+                                suppress_tokens=[model.config.image_token_id], output_scores=True,
+                                return_dict_in_generate=True)
+    ids = output.sequences[0, placed["input_ids"].shape[1]:]
+    prefixes = [processor.tokenizer.decode(ids[:k + 1], skip_special_tokens=True).lstrip(" ") for k in range(len(ids))]
+    top = torch.stack([step[0].float().topk(2).values for step in output.scores])  # (steps, 2)
+    return prefixes[-1] if prefixes else "", prefixes, (top[:, 0] - top[:, 1]).tolist()
 
 
 def original_rows_close(picture: bytes) -> float:
@@ -192,11 +201,15 @@ def check(name: str, root: Path, lm: tuple[str, str], vision: tuple[str, str] | 
         result["ok"] = result["relative_row_error"] < 0.06 and bool(result["ours"])
     else:
         try:
-            result["hf"] = hf_reply(folder, picture)
+            result["hf"], prefixes, margins = hf_reply(folder, picture)
         except (RuntimeError, ValueError) as error:  # Hugging Face's own code refuses the placement
             result.update(ok=True, reference_unavailable=f"{type(error).__name__}: {str(error)[:200]}")
             return result
         result["ok"] = result["ours"] == result["hf"]
+        if not result["ok"]:  # where ours leaves Hugging Face's reply, and how close its own top two were there
+            step = next((k for k, prefix in enumerate(prefixes) if not result["ours"].startswith(prefix)), None)
+            result.update(first_differing_step=step, hf_top2_margin=None if step is None else margins[step])
+            result["ok"] = result["hf_top2_margin"] == 0.0  # an exact tie, broken the other way: no defect
     result["seconds"] = round(time.perf_counter() - started, 2)
     return result
 
@@ -210,6 +223,8 @@ def main() -> int:
     parser.add_argument("--vision", type=placement, default=None, help="DEVICE/BITS: the card's vision_device/vision_bits")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
+    # Stopped from outside (tools/gpu_check.sh's time budget), say where every thread was.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     names = args.families or [*vlm_families.FAMILIES, ORIGINAL]
     torch.set_grad_enabled(False)
     results = {}

@@ -37,12 +37,17 @@ def family_verdicts(path: Path) -> dict | None:
     data = json.loads(path.read_text())
     verdicts = {}
     for name, result in data["families"].items():
-        if not result["ok"]:
+        if not result["ok"] and "hf_top2_margin" in result:
+            verdicts[name] = (f"FAIL: ours {result['ours']!r}, Hugging Face {result['hf']!r}: from step "
+                              f"{result['first_differing_step']}, where its top-two margin is {result['hf_top2_margin']}")
+        elif not result["ok"]:
             verdicts[name] = f"FAIL: {result.get('error') or result.get('refused') or result}"
         elif "refused" in result:
             verdicts[name] = "refused, as it must be: " + result["refused"].split("Cause: ")[-1][:160]
         elif "reference_unavailable" in result:
             verdicts[name] = f"ours ran; Hugging Face cannot: {result['reference_unavailable'][:120]}"
+        elif "hf_top2_margin" in result:
+            verdicts[name] = f"an exact tie of Hugging Face's top two at step {result['first_differing_step']}, broken the other way"
         elif "relative_row_error" in result:
             verdicts[name] = f"rows within {result['relative_row_error']} of the unmoved tower's; tower {result['tower']}"
         else:
