@@ -12,7 +12,7 @@
 #   bash tools/gpu_check.sh --device cpu    # the dry run: every section at tiny size on this CPU (.ci/run runs it)
 #
 # Sections, each under its own time budget (seconds on CUDA; the whole run stops at TOTAL_BUDGET, 480):
-#   families  (30)  every image-text family (and the original LLaVA layout) through the host on cuda:0 in fp32,
+#   families  (35)  every image-text family (and the original LLaVA layout) through the host on cuda:0 in fp32,
 #                   token for token against Hugging Face's generate (tools/families_on_device.py)
 #   vision    (40)  the card's vision_device / vision_bits: tower fp16 on cuda:0 with the LM fp32 on the CPU,
 #                   tower fp16 with the LM bf16 on cuda:0, tower fp32 on cuda:0 with the LM fp32 on the CPU
@@ -23,7 +23,7 @@
 #                   gemma3, llava, mllama and qwen2_5_vl checkpoints (attach, the Model tab's path)
 #   multiturn (220) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
 #                   the tokens are identical or every difference starts at an exact tie of HF's top two
-#   decode    (120) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
+#   decode    (115) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder)
 # On the CPU the same sections run at tiny size (LM and tower on the CPU: fp32, and bf16 against fp32).
 #
@@ -86,7 +86,7 @@ export W DEVICE ROOT HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_EN
 STARTED=$(date +%s)
 if [ "$DEVICE" = cuda ]; then
   TOTAL_BUDGET=${TOTAL_BUDGET:-480}
-  declare -A BUDGET=([setup]=20 [families]=30 [vision]=40 [tgw]=50 [multiturn]=220 [decode]=120)
+  declare -A BUDGET=([setup]=20 [families]=35 [vision]=40 [tgw]=50 [multiturn]=220 [decode]=115)
   export PY=python3 TGW_PY=python3 SITE_PROJECT=$W/site-project SITE_TGW=$W/site-tgw HARNESS=$GPU_DIR/tgw
   export LM_DEVICE=cuda:0
 else  # the dry run: this repository's venv, and the harness's venv for text-generation-webui's head
@@ -117,14 +117,19 @@ sec_families() {
   project_py tools/families_on_device.py --lm "$LM_DEVICE/fp32" --json-out "$W/families.json"
 }
 
-sec_vision() {  # each placement in its own process; the section fails if one does
-  local runs rc=0 i=0 lm vision
+sec_vision() {  # each placement in its own process, side by side; the section fails if one does
+  local runs rc=0 i=0 lm vision pids=()
   if [ "$DEVICE" = cuda ]; then runs=("cpu/fp32 cuda:0/fp16" "cuda:0/bf16 cuda:0/fp16" "cpu/fp32 cuda:0/fp32")
   else runs=("cpu/fp32 cpu/bf16" "cpu/bf16 cpu/fp32"); fi
   for pair in "${runs[@]}"; do
     read -r lm vision <<<"$pair"; i=$((i + 1))
-    echo "== LM $lm, tower $vision"
-    project_py tools/families_on_device.py --lm "$lm" --vision "$vision" --json-out "$W/vision-$i.json" || rc=1
+    project_py tools/families_on_device.py --lm "$lm" --vision "$vision" --json-out "$W/vision-$i.json" \
+      >"$W/vision-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=1
+    echo "== LM, tower: ${runs[$i]}"; grep -E "^(PASS|FAIL) " "$W/vision-$((i + 1)).log"
   done
   return $rc
 }
@@ -141,11 +146,12 @@ tgw_run() {  # tgw_run NAME ARGS...: one harness run, text-generation-webui head
 sec_tgw() {
   local families="gemma3 llava mllama qwen2_5_vl" fam
   mkdir -p "$W/tgw-runs" && : >"$W/tgw-verdicts"
-  tgw_py "$HARNESS/make_tiny_models.py" --out "$W/tgw-models" >"$W/tgw-models.log" 2>&1 || {
-    echo "tiny models: see $W/tgw-models.log"; return 1; }
+  tgw_py "$HARNESS/make_tiny_models.py" --out "$W/tgw-models" >"$W/tgw-models.log" 2>&1 &
+  local models=$!
   # shellcheck disable=SC2086
   project_py tools/tgw_families.py build "$W/tgw-families" $families >"$W/tgw-families.log" 2>&1 || {
     echo "family checkpoints: see $W/tgw-families.log"; return 1; }
+  wait $models || { echo "tiny models: see $W/tgw-models.log"; return 1; }
   tgw_run llava-v1.5-attach --models-info "$W/tgw-models/tiny_models.json" --image-mode attach &
   tgw_run llava-v1.5-api --models-info "$W/tgw-models/tiny_models.json" --image-mode api &
   for fam in $families; do
