@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import multiturn  # noqa: E402
-from modules import chat, shared  # noqa: E402
+from modules import chat, logits_processor_loader, prefix_cache, shared  # noqa: E402
 
 # Memory bandwidth by GPU name (TB/s), matched in order: "H100 PCIe" before "H100".
 BANDWIDTH_TBPS = [("H100 PCIe", 2.0), ("H100", 3.35), ("H200", 4.8)]
@@ -94,14 +94,25 @@ def write_history(args) -> dict:
 
 
 def turn_state(args, history: dict, images: list | None = None, **settings) -> dict:
-    return chat.new_state(history, do_sample=False, max_new_tokens=args.new_tokens, ban_eos_token=True, seed=0,
-                          message_images=images, **settings)
+    settings = {"max_new_tokens": args.new_tokens, **settings}
+    return chat.new_state(history, do_sample=False, ban_eos_token=True, seed=0, message_images=images, **settings)
 
 
 # -- The columns -------------------------------------------------------------------------------------
 
 def run_ours(args, history: dict, **settings) -> dict:
-    """One measured turn through the host's chat: TTFT, decode tokens/s, the reply."""
+    """One measured turn through the host's chat, its prompt's KV cache kept from a one-token turn just
+    before (the prefix cache's case: a regenerate; `ttft`), whose own TTFT is that of the whole prompt
+    prefilled (`ttft_whole`: pictures from the embedding cache). The columns share one prefix cache,
+    so each run makes its own."""
+    prefix_cache.clear()
+    whole = host_turn(args, history, max_new_tokens=1, **settings)
+    result = host_turn(args, history, **settings)
+    return {**result, "ttft_whole": whole["ttft"]}
+
+
+def host_turn(args, history: dict, **settings) -> dict:
+    """TTFT, decode tokens/s and the reply of the fifth turn through the host's chat."""
     state = turn_state(args, history, **settings)
     started = time.perf_counter()
     samples = []  # (seconds since start, tokens generated so far) at each yield
@@ -111,6 +122,8 @@ def run_ours(args, history: dict, **settings) -> dict:
     tokens = samples[-1][1]
     first = next(s for s in samples if s[1] >= 1)
     last = next(s for s in samples if s[1] == tokens)  # the yield that carried the last token
+    if tokens == 1:
+        return {"ttft": first[0]}
     return {"ttft": first[0], "tps": (last[1] - first[1]) / max(last[0] - first[0], 1e-9), "tokens": tokens,
             "prompt_tokens": state["generation_stats"]["prompt_tokens"], "reply": latest["internal"][-1][1]}
 
@@ -186,7 +199,9 @@ def measure(args, history: dict) -> dict:
         for name in (order if index % 2 == 0 else order[::-1]):
             result = cols[name](history)
             runs[name].append(result)
-            log(args, f"run {index + 1} {name:>11}: ttft {result['ttft'] * 1e3:8.1f} ms, {result['tps']:7.1f} tokens/s")
+            whole = f" (whole prompt {result['ttft_whole'] * 1e3:.1f} ms)" if "ttft_whole" in result else ""
+            log(args, f"run {index + 1} {name:>11}: ttft {result['ttft'] * 1e3:8.1f} ms{whole}, "
+                      f"{result['tps']:7.1f} tokens/s")
     return runs
 
 
@@ -221,9 +236,17 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]]) ->
                  "ttft_ms": [round(r["ttft"] * 1e3, 1) for r in results],
                  "median_ttft_ms": round(statistics.median(r["ttft"] for r in results) * 1e3, 1),
                  "identity_vs_hf": identity(results[0]["reply"], *reference)}
+        if "ttft_whole" in results[0]:
+            entry["median_ttft_whole_prompt_ms"] = round(statistics.median(r["ttft_whole"] for r in results) * 1e3, 1)
         if bandwidth:
             entry["bandwidth_fraction"] = round(entry["median_tokens_per_s"] * per_token / (bandwidth * 1e12), 3)
         out[column] = entry
+    if "ours_static" in runs:  # static against dynamic, the same prefill chunks: only the cache differs
+        static, dynamic = runs["ours_static"][0]["reply"], runs["ours"][0]["reply"]
+        differs = next((i for i, (a, b) in enumerate(zip(static, dynamic)) if a != b), min(len(static), len(dynamic)))
+        out["ours_static"]["identical_to_ours"] = static == dynamic
+        if static != dynamic:
+            out["ours_static"]["first_differing_character_vs_ours"] = differs
     out["ratio_ours_vs_hf"] = round(out["ours"]["median_tokens_per_s"] / out["hf"]["median_tokens_per_s"], 3)
     if "ours_static" in out:
         out["ratio_ours_static_vs_hf"] = round(out["ours_static"]["median_tokens_per_s"] /
@@ -245,14 +268,19 @@ def main() -> None:
             if not (model_dir / "config.json").exists():
                 multiturn.build_model(model_dir, args)
             multiturn.load_host(model_dir, args, args.dtype)
+            # As server.py does: the extension's batch-level logits processors (the placeholder ban); no
+            # entry points, so that a plugin installed in this venv for the tests stays out.
+            shared.logits_processors = logits_processor_loader.build_runner(
+                logits_processor_loader.requested_classes(use_entry_points=False))
         history = write_history(args)
         runs = measure(args, history)
         result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history))
     if not args.json:
         for column in runs:
             entry = result[column]
-            print(f"{column:>11}: median {entry['median_tokens_per_s']:7.1f} tokens/s, TTFT {entry['median_ttft_ms']:8.1f} ms, "
-                  f"identical to HF: {entry['identity_vs_hf']}")
+            whole = f" (whole prompt {entry['median_ttft_whole_prompt_ms']:.1f} ms)" if "median_ttft_whole_prompt_ms" in entry else ""
+            print(f"{column:>11}: median {entry['median_tokens_per_s']:7.1f} tokens/s, TTFT {entry['median_ttft_ms']:8.1f} ms"
+                  f"{whole}, identical to HF: {entry['identity_vs_hf']}")
         print(f"ours / HF: {result['ratio_ours_vs_hf']}  (prompt {result['prompt_tokens']} tokens)")
     print(json.dumps(result))
 

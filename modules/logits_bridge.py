@@ -120,11 +120,21 @@ class BatchBridge(HFLogitsProcessor):
         self.slots = slots
         self.seen: Optional[int] = None  # input_ids columns already accounted for
 
+    def take_tokens(self, tokens: list[int]) -> None:
+        """The step's tokens, one per row, from the streamer's host copy (generate makes it anyway): the
+        next step then reads no ids off the device, which on a GPU waits for the step's forward before
+        the processors can run; a second wait per step, and the logits work after it runs serially."""
+        if self.seen is None:
+            return  # before the first step: the prompt's length is not known yet
+        for slot, token in zip(self.slots, tokens):
+            slot.output_ids.append(token)
+        self.seen += 1
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.seen is None:
             self.seen = input_ids.shape[1]  # the prompt ids (none for an embeddings prompt)
         elif input_ids.shape[1] > self.seen:
-            # One small copy per step (the streamer makes the same one): processors read plain lists.
+            # Tokens no streamer handed over (`take_tokens`): one small copy from the device.
             new = input_ids[:, self.seen:].tolist()
             self.seen = input_ids.shape[1]
             for slot, ids in zip(self.slots, new):

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
-from modules import prefix_cache, shared
+from modules import prefix_cache, shared, static_decode
 
 MODEL_ROUTE = "model_route"
 
@@ -29,8 +29,11 @@ Route = Callable[[int, Optional[DynamicCache]], dict]
 
 
 def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, use_prefix_cache: bool,
-                    route: Optional[Route] = None) -> tuple[dict, torch.Tensor | None]:
-    """(`generate()` keyword arguments, the prompt's embeddings `(n, hidden)` or None when reuse is off)."""
+                    route: Optional[Route] = None,
+                    static_length: int | None = None) -> tuple[dict, torch.Tensor | None]:
+    """(`generate()` keyword arguments, the prompt's embeddings `(n, hidden)` or None when reuse is off).
+    `static_length`: decode with a static cache of that many slots (`modules/static_decode.py`), kept
+    between turns as the dynamic one is; None: the dynamic cache."""
     weight = shared.model.get_input_embeddings().weight
     input_ids = input_ids.to(weight.device)
     if inputs_embeds is not None:
@@ -39,13 +42,26 @@ def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
     if use_prefix_cache:
         prompt_embeds = (inputs_embeds if inputs_embeds is not None else prefix_cache.embed_ids(input_ids))[0]
         cache, reused = prefix_cache.take(shared.model, prompt_embeds, has_route=route is not None)
+        if not static_decode.fits(cache, static_length):  # a new cache, or one kept before the setting changed
+            cache, reused = new_cache(static_length), 0
+        elif static_length is not None and static_decode.usable_prefix(shared.model, input_ids, reused) < reused:
+            prefix_cache.crop(shared.model, cache, -reused)
+            reused = 0
     else:
         prefix_cache.clear()
-    kwargs = on_device(route(reused, cache), weight.device) if route is not None else \
-        default_inputs(input_ids, inputs_embeds, weight.device)
-    if use_prefix_cache:
+        cache = static_decode.new_cache(static_length) if static_length is not None else None
+    kwargs = on_device(route(reused, cache if use_prefix_cache else None), weight.device) if route is not None \
+        else default_inputs(input_ids, inputs_embeds, weight.device)
+    if cache is not None:
         kwargs["past_key_values"] = cache
     return kwargs, prompt_embeds
+
+
+def new_cache(static_length: int | None) -> Cache:
+    """An empty cache that can later be cropped: static with `static_length` slots, else dynamic."""
+    if static_length is not None:
+        return static_decode.new_cache(static_length)
+    return prefix_cache.new_cache(shared.model)
 
 
 def default_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None, device: torch.device) -> dict:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from modules import shared
 from modules.logging_colors import logger
@@ -119,8 +119,9 @@ def cut_reply(model, cache, prompt_length: int) -> bool:
 
 
 def croppable(cache) -> bool:
-    """Whether `crop` can put `cache` back as it was: a `DynamicCache` without linear-attention state."""
-    return isinstance(cache, DynamicCache) and cache.is_croppable
+    """Whether `crop` can put `cache` back as it was: a `DynamicCache` without linear-attention state, or
+    a static cache whose layers crop by moving their write position (`static_decode.WritePositionCache`)."""
+    return isinstance(cache, Cache) and cache.is_croppable
 
 
 def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -141,7 +142,7 @@ def token_layers(model, cache: DynamicCache) -> list:
 
 def token_count(model, cache: DynamicCache) -> int:
     """How many of the prompt's tokens `cache` holds."""
-    return max((layer.get_seq_length() for layer in token_layers(model, cache)), default=0)
+    return max((int(layer.get_seq_length()) for layer in token_layers(model, cache)), default=0)  # static: a tensor
 
 
 def crop(model, cache: DynamicCache, tokens_to_remove: int) -> None:

@@ -56,6 +56,8 @@ default_settings: dict[str, Any] = {
     "default_extensions": [],
     "model": DEMO_MODEL,
     "prefix_cache": True,
+    # Decode with a static KV cache (modules/static_decode.py): None = --static-cache, else its default.
+    "static_cache": None,
     # Per-request arguments for the loaded logits processors (their `RequestParams.extra_args`).
     "logits_processor_args": {},
 }
@@ -79,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the model folder.")
     group.add_argument("--no-prefix-cache", action="store_true",
                        help="Do not reuse the previous generation's KV cache for a shared prompt prefix.")
+    group.add_argument("--static-cache", action="store_true",
+                       help="Decode with a static KV cache, which transformers compiles on CUDA (llava-hf, "
+                            "LLaVA-NeXT/OneVision, Qwen2.5-VL and Gemma 3; other families keep the dynamic one). "
+                            "The static_cache setting (true/false) overrides it per request.")
 
     group = parser.add_argument_group("Engine")
     group.add_argument("--engine-url", type=str, default=None, metavar="URL",

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Generator, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator
 
 import torch
 import transformers
@@ -37,12 +37,13 @@ from transformers import LogitsProcessor as HFLogitsProcessor
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from modules import model_inputs, prefix_cache, shared
+from modules import model_inputs, prefix_cache, shared, static_decode
 from modules.extensions import apply_extensions, iterator
 from modules.logging_colors import logger
 from modules.logits_processors import RequestParams
 from modules.models import model_device
 from modules.remote_generation import remote_replies
+from modules.reply_text import ReplyText
 
 
 def encode(prompt: str, add_special_tokens: bool = True, add_bos_token: bool = True,
@@ -116,17 +117,25 @@ def get_custom_stopping_strings(state: dict) -> list[str]:
 
 
 class TokenQueue(BaseStreamer):
-    """Hands each step's generated token ids from `model.generate` to the consuming thread."""
+    """Hands each step's generated token ids from `model.generate` to the consuming thread.
 
-    def __init__(self, events: queue.Queue):
+    A `queue.SimpleQueue` (C code: one lock, no Python-level Condition) rather than a `queue.Queue`,
+    whose put takes a mutex the consumer holds while it wakes, so the generating thread waited on the
+    consumer, and on the GIL, once a token."""
+
+    def __init__(self, events: queue.SimpleQueue, on_tokens: Callable[[list[int]], None] | None = None):
         self.events = events
+        self.on_tokens = on_tokens  # also handed each step's tokens (the batch-level processors' bridge)
         self.prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:  # generate() first passes the prompt ids (empty for an embeddings prompt)
             self.prompt_seen = True
             return
-        self.events.put(value.reshape(-1).tolist())
+        tokens = value.reshape(-1).tolist()  # generate() hands them already on the host
+        if self.on_tokens is not None:
+            self.on_tokens(tokens)
+        self.events.put(tokens)
 
     def end(self) -> None:
         """The producer signals the end itself, after the KV cache is kept."""
@@ -136,10 +145,14 @@ class StopOnEvent(StoppingCriteria):
     def __init__(self, event: threading.Event, state: dict):
         self.event = event
         self.state = state
+        self.go: torch.Tensor | None = None  # "do not stop", made once: no new tensor (and kernel) per step
 
     def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
-        stop = self.event.is_set() or stop_requested(self.state)
-        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+        if self.event.is_set() or stop_requested(self.state):
+            return torch.ones((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
+        if self.go is None or self.go.shape[0] != input_ids.shape[0] or self.go.device != input_ids.device:
+            self.go = torch.zeros((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
+        return self.go
 
 
 def set_seed(seed: int) -> int:
@@ -248,7 +261,7 @@ class PromptReady:
     tokens: int
 
 
-def produce(question: str, state: dict, stop_event: threading.Event, events: queue.Queue) -> None:
+def produce(question: str, state: dict, stop_event: threading.Event, events: queue.SimpleQueue) -> None:
     """On the compute thread: model inputs, then `model.generate`; every outcome goes to `events`."""
     try:
         with torch.inference_mode():
@@ -256,7 +269,8 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
             events.put(PromptReady(int(input_ids.shape[-1])))
             with batch_logits_processors(state, input_ids) as batch_processors:
                 kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event, batch_processors)
-                output = shared.model.generate(**kwargs, streamer=TokenQueue(events))
+                on_tokens = batch_processors.take_tokens if batch_processors is not None else None
+                output = shared.model.generate(**kwargs, streamer=TokenQueue(events, on_tokens))
             if prompt_embeds is not None:
                 prefix_cache.keep(shared.model, prompt_embeds, output.past_key_values)
     except Exception as error:  # handed to the consuming thread, which re-raises it
@@ -270,8 +284,10 @@ def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
                     stop_event: threading.Event,
                     batch_processors: HFLogitsProcessor | None = None) -> tuple[dict, torch.Tensor | None]:
     kwargs = sampling_params(state)
+    prompt_tokens = input_ids.shape[-1] if inputs_embeds is None else inputs_embeds.shape[1]
     inputs, prompt_embeds = model_inputs.generate_inputs(input_ids, inputs_embeds, prefix_cache_enabled(state),
-                                                         state.pop(model_inputs.MODEL_ROUTE, None))
+                                                         state.pop(model_inputs.MODEL_ROUTE, None),
+                                                         static_decode.cache_length(state, prompt_tokens))
     kwargs.update(inputs)
     # The batch-level processors see the raw logits first, as in vLLM; extensions append theirs after.
     first = [batch_processors] if batch_processors is not None else []
@@ -283,17 +299,41 @@ def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
 
 
 def stream_events(question: str, state: dict, stop_event: threading.Event) -> Iterator[PromptReady | list[int]]:
-    """Runs `produce` on the compute thread; yields its events, re-raising its error."""
-    events: queue.Queue = queue.Queue()
+    """Runs `produce` on the compute thread; yields its events, re-raising its error. Token ids that
+    arrived while the consumer was busy come as one list: it catches up with one update, not one per token."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
     done = compute_thread().submit(produce, question, state, stop_event, events)
     try:
-        while (item := events.get()) is not None:
+        for item in merged_tokens(events):
             if isinstance(item, Exception):
                 raise item
             yield item
     finally:
         stop_event.set()
         done.result()
+
+
+_NOT_TAKEN = object()  # merged_tokens: no event taken after the tokens yet (None is the end)
+
+
+def merged_tokens(events: queue.SimpleQueue) -> Iterator[PromptReady | list[int] | Exception]:
+    """`events` in order until the None that ends them, consecutive token lists already queued merged into one."""
+    item = events.get()
+    while item is not None:
+        if not isinstance(item, list):
+            yield item
+            item = events.get()
+            continue
+        tokens, item = list(item), _NOT_TAKEN
+        while not events.empty():
+            item = events.get_nowait()
+            if not isinstance(item, list):
+                break
+            tokens.extend(item)
+            item = _NOT_TAKEN
+        yield tokens
+        if item is _NOT_TAKEN:
+            item = events.get()
 
 
 def prefix_cache_enabled(state: dict) -> bool:
@@ -387,15 +427,19 @@ def generate_reply_HF(question: str, original_question: str, state: dict, stoppi
         stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
         yield from remote_replies(question, state, stops, request_params(state))
         return
-    new_ids: list[int] = []
+    skip_special = state.get("skip_special_tokens", True)
+    reply = ReplyText(lambda ids: decode(ids, skip_special))
+    text = None
     for event in stream_events(question, state, threading.Event()):
         if isinstance(event, PromptReady):
             stats["prompt_tokens"] = event.tokens
             continue
-        new_ids.extend(event)
-        stats["completion_tokens"] = len(new_ids)
-        yield decode(new_ids, state.get("skip_special_tokens", True))
-    if new_ids and new_ids[-1] == shared.tokenizer.eos_token_id:
+        text = reply.add(event)
+        stats["completion_tokens"] = len(reply.ids)
+        yield text
+    if reply.ids and reply.finish() != text:  # the whole decode, where a step's text was not exact
+        yield reply.text
+    if reply.ids and reply.ids[-1] == shared.tokenizer.eos_token_id:
         stats["finish_reason"] = "stop"
 
 

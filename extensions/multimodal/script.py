@@ -167,7 +167,7 @@ def __getattr__(name: str):
     if name == "custom_generate_reply" and not engine_url(params) and serving.extension_generates(params):
         from extensions.multimodal.tgw.generation import generate_reply
 
-        return partial(generate_reply, caching=bool(params["prefix_cache"]))
+        return partial(generate_reply, caching=bool(params["prefix_cache"]), static_cache=params["static_cache"])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

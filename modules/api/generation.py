@@ -101,6 +101,7 @@ class GenerationRun:
         state[shared.STOP_EVENT] = self.cancelled
         self.state = state
         self._getter: asyncio.Future | None = None
+        self._held: tuple[str, Any] | None = None
         self._watcher: asyncio.Future | None = None
         self.thread = threading.Thread(target=self._work, args=(replies,), daemon=True, name="api-generation")
         self.thread.start()
@@ -138,18 +139,37 @@ class GenerationRun:
                 task.cancel()
 
     async def next_item(self, request: Request) -> tuple[str, Any]:
-        """The next item; raises ClientGone (and cancels) when the client disconnects meanwhile."""
-        # One pending get() across calls: cancelling a get() that just got an item would drop it.
-        if self._getter is None:
-            self._getter = asyncio.ensure_future(self.items.get())
+        """The next item; raises ClientGone (and cancels) when the client disconnects meanwhile.
+        Replies already queued come as the latest one (each is the whole reply so far): a stream that
+        fell behind sends one chunk for them, and an item already there costs no task or wait, so the
+        event loop holds the GIL that the generating thread needs as little as it can."""
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(wait_for_disconnect(request))
+        if self._held is not None:  # the item that ended a run of queued replies
+            item, self._held = self._held, None
+            return item
+        # One pending get() across calls: cancelling a get() that just got an item would drop it.
+        if self._getter is None and not self.items.empty() and not self._watcher.done():
+            return self._latest(self.items.get_nowait())
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self.items.get())
         await asyncio.wait({self._getter, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
         if self._getter.done():
             item, self._getter = self._getter.result(), None
-            return item
+            return self._latest(item)
         self.cancel()
         raise ClientGone()
+
+    def _latest(self, item: tuple[str, Any]) -> tuple[str, Any]:
+        """`item`, or the last of the replies queued right after it; an item of another kind that ends
+        them is held for the next call."""
+        while item[0] == "reply" and not self.items.empty():
+            following = self.items.get_nowait()
+            if following[0] != "reply":
+                self._held = following
+                break
+            item = following
+        return item
 
     async def final_reply(self, request: Request) -> str:
         """Waits for the whole generation; raises its error, or ClientGone."""

@@ -38,6 +38,10 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # text-generation-webui, image-text checkpoints: keep the prompt's KV cache between turns, so a turn
     # prefills only its new tokens (this repository's host has its own: --no-prefix-cache)
     "prefix_cache": True,
+    # text-generation-webui, image-text checkpoints: decode with a static KV cache (tgw/static_decode.py):
+    # None: the default (off for now), True/False. It runs there without compile (text-generation-webui
+    # disables torch._dynamo when it loads a model); this repository's host has --static-cache instead
+    "static_cache": None,
     # more folders holding pipeline modules, searched after extensions/multimodal/pipelines/
     "pipeline_dirs": [],
     # original LLaVA checkpoints: a local CLIP folder instead of the hub repo the release used

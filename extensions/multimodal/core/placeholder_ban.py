@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -20,10 +21,16 @@ def placeholder_ids(pipeline) -> list[int]:
 
 def ban(logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
     """`logits` (rows, vocab) with the columns `ids` set to -inf (in place)."""
-    columns = [i for i in ids if 0 <= i < logits.shape[-1]]
-    if columns:
-        logits[:, columns] = float("-inf")
-    return logits
+    columns = banned_columns(tuple(ids), logits.shape[-1], logits.device)
+    return logits.index_fill_(-1, columns, float("-inf")) if columns is not None else logits
+
+
+@functools.lru_cache(maxsize=8)
+def banned_columns(ids: tuple[int, ...], vocab: int, device: torch.device) -> torch.Tensor | None:
+    """`ids` inside the vocabulary, as an index tensor on `device`, built once: an index list makes a new
+    tensor and a host-to-device copy (a sync on a GPU) at every decoding step."""
+    columns = [i for i in ids if 0 <= i < vocab]
+    return torch.tensor(columns, dtype=torch.long, device=device) if columns else None
 
 
 class HFPlaceholderBan(LogitsProcessor):

@@ -25,14 +25,16 @@ import torch
 
 from extensions.multimodal.core.defaults import MODEL_ROUTE, PROCESSOR_INPUTS
 from extensions.multimodal.core.loaded_model import placed, placement
-from extensions.multimodal.tgw import prefix_cache
+from extensions.multimodal.tgw import prefix_cache, static_decode
 from modules import shared
 from modules.logging_colors import logger
 from modules.text_generation import generate_reply_HF  # the host's own generation, in every host
 
 
-def generate_reply(question: str, original_question: str, *args, caching: bool = True, **kwargs) -> Iterator[str]:
-    """`custom_generate_reply`; `caching`: keep the KV cache between turns (the `prefix_cache` setting)."""
+def generate_reply(question: str, original_question: str, *args, caching: bool = True,
+                   static_cache: bool | None = None, **kwargs) -> Iterator[str]:
+    """`custom_generate_reply`; `caching`: keep the KV cache between turns (the `prefix_cache` setting);
+    `static_cache`: decode with a static KV cache (the `static_cache` setting, tgw/static_decode.py)."""
     state = next(arg for arg in args if isinstance(arg, dict))
     model = shared.model
     own = model.__dict__.get("generate")  # an instance attribute (a host's or a tool's wrapper) to restore
@@ -43,7 +45,8 @@ def generate_reply(question: str, original_question: str, *args, caching: bool =
         if route is None:
             inner_kwargs.update(state.pop(PROCESSOR_INPUTS, None) or {})
             return delegate(*inner_args, **inner_kwargs)
-        return generate_on_route(model, delegate, route, inner_kwargs, caching and inner_kwargs.get("use_cache", True))
+        return generate_on_route(model, delegate, route, inner_kwargs, caching and inner_kwargs.get("use_cache", True),
+                                 static_cache, int(state.get("truncation_length") or 0))
 
     model.generate = generate
     try:
@@ -55,14 +58,26 @@ def generate_reply(question: str, original_question: str, *args, caching: bool =
             model.generate = own
 
 
-def generate_on_route(model, delegate: Callable, route: Callable, kwargs: dict, caching: bool):
+def generate_on_route(model, delegate: Callable, route: Callable, kwargs: dict, caching: bool,
+                      static_cache: bool | None = None, context: int = 0):
     """`delegate(**kwargs)` with text-generation-webui's inputs (`inputs`, `inputs_embeds`) replaced by
-    the route's, and the kept KV cache where `caching`; the cache is kept again afterwards."""
-    kwargs.pop("inputs", None)
+    the route's, and the kept KV cache where `caching`; the cache is kept again afterwards. A static
+    cache where `static_cache` (None: tgw/static_decode.py's default) and the family takes one, of
+    `context` (the state's truncation_length) slots or what the prompt and the reply need."""
+    ids = kwargs.pop("inputs", None)
     prompt_embeds = kwargs.pop("inputs_embeds")[0]  # (n, hidden)
+    static_length = static_decode.cache_length(model, static_cache, context, prompt_embeds.shape[0],
+                                               int(kwargs.get("max_new_tokens") or 0))
     cache, reused = prefix_cache.take(model, prompt_embeds, has_route=True) if caching else (None, 0)
     if not caching:
         prefix_cache.clear()
+    if not static_decode.fits(cache, static_length):  # none yet, or one kept for the other kind of decoding
+        cache = static_decode.new_cache(model, static_length) if static_length is not None \
+            else prefix_cache.new_cache(model)
+        reused = 0
+    elif static_length is not None and ids is not None and static_decode.usable_prefix(model, ids, reused) < reused:
+        prefix_cache.crop(model, cache, -reused)
+        reused = 0
     device, dtype = placement()
     inputs = {key: placed(value, device, dtype) if isinstance(value, torch.Tensor) else value
               for key, value in route(reused, cache).items()}

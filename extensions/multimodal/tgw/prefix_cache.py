@@ -111,8 +111,8 @@ def croppable(cache) -> bool:
     """Whether `crop` can put `cache` back as it was: a `DynamicCache` without linear-attention state
     (transformers 5.2x says so, `is_croppable`; before it, such a layer, one with `conv_states`, took
     `crop` and did nothing)."""
-    if not isinstance(cache, DynamicCache):
-        return False
+    if not isinstance(cache, DynamicCache):  # tgw/static_decode.py's cache says it is; transformers' StaticCache is not
+        return getattr(cache, "is_croppable", False) is True
     if hasattr(cache, "is_croppable"):
         return cache.is_croppable
     return not any(hasattr(layer, "conv_states") for layer in cache.layers)
@@ -136,7 +136,7 @@ def token_layers(model, cache: DynamicCache) -> list:
 
 def token_count(model, cache: DynamicCache) -> int:
     """How many of the prompt's tokens `cache` holds."""
-    return max((layer.get_seq_length() for layer in token_layers(model, cache)), default=0)
+    return max((int(layer.get_seq_length()) for layer in token_layers(model, cache)), default=0)  # static: a tensor
 
 
 def crop(model, cache: DynamicCache, tokens_to_remove: int) -> None:

@@ -1,0 +1,101 @@
+"""Decoding with a static KV cache where this extension generates in text-generation-webui.
+
+This repository's host does the same in `modules/static_decode.py`, whose docstring says why each
+rule holds; the two are written twice on purpose (the host imports nothing from extensions, and
+text-generation-webui has no such module: docs/ARCHITECTURE.md), and `tests/test_static_decode.py`
+checks that they agree. Change both. In short: every layer, sliding-window ones too, a full-length
+static layer that crops by moving its write position back, so `tgw/prefix_cache.py` keeps it between
+turns like a dynamic cache; `FAMILIES` only, another family keeps the dynamic cache (one log line);
+on Gemma 3 a prompt whose uncached tokens hold a picture is prefilled whole.
+
+On or off: the extension's `static_cache` param (None: `DEFAULT_ON_CUDA` on a CUDA device). Inside
+text-generation-webui a static cache runs, but is not compiled: its Transformers loader sets
+`torch._dynamo.config.disable = True` when it loads a model, so transformers' compile of the decode
+step runs eagerly. transformers without `StaticLayer` (before 5.x) keeps the dynamic cache.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from transformers import Cache
+
+from modules.logging_colors import logger
+
+try:
+    from transformers.cache_utils import StaticLayer
+except ImportError:  # transformers 4.x: no layered caches
+    StaticLayer = None
+
+DEFAULT_ON_CUDA = False  # flip with modules/static_decode.py's, once a lent GPU shows it exact and faster
+FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "qwen2_5_vl", "gemma3"})
+MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
+BLOCK = 256
+_told: set[str] = set()
+
+if StaticLayer is not None:
+    class WritePositionLayer(StaticLayer):
+        """A `StaticLayer` cropped by moving its write position back (in place)."""
+
+        is_croppable = True
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+            if tokens_to_remove < 0 and self.is_initialized:
+                self.cumulative_length.sub_(-int(tokens_to_remove))
+
+    class WritePositionCache(Cache):
+        """`layers` full-length `WritePositionLayer`s of `length` slots each."""
+
+        is_croppable = True
+
+        def __init__(self, layers: int, length: int):
+            super().__init__(layers=[WritePositionLayer(max_cache_len=length) for _ in range(layers)])
+            self.length = length
+else:
+    WritePositionCache = None
+
+
+def enabled(model, setting: Optional[bool]) -> bool:
+    if setting is None:
+        return DEFAULT_ON_CUDA and model.device.type == "cuda"
+    return bool(setting)
+
+
+def takes_static_cache(model) -> bool:
+    family = model.config.model_type
+    if family in FAMILIES and WritePositionCache is not None:
+        return True
+    if family not in _told:
+        _told.add(family)
+        why = f"static decoding covers {', '.join(sorted(FAMILIES))}" if WritePositionCache is not None else \
+            "this transformers has no static cache layers"
+        logger.info(f"Static cache: {family} keeps the dynamic KV cache ({why})")
+    return False
+
+
+def cache_length(model, setting: Optional[bool], context: int, prompt_tokens: int, new_tokens: int) -> Optional[int]:
+    """Slots of the static cache for this generation (the context, or the prompt and the reply where
+    they need more, in whole blocks), or None for the dynamic cache."""
+    if not enabled(model, setting) or not takes_static_cache(model):
+        return None
+    needed = max(context, prompt_tokens + new_tokens)
+    return -(-needed // BLOCK) * BLOCK
+
+
+def new_cache(model, length: int):
+    return WritePositionCache(model.config.get_text_config(decoder=True).num_hidden_layers, length)
+
+
+def fits(cache, length: Optional[int]) -> bool:
+    if length is None:
+        return WritePositionCache is None or not isinstance(cache, WritePositionCache)
+    return isinstance(cache, WritePositionCache) and cache.length == length
+
+
+def usable_prefix(model, input_ids: torch.Tensor, reused: int) -> int:
+    if reused == 0 or model.config.model_type not in MASK_FROM_TOKEN_TYPES:
+        return reused
+    image = getattr(model.config, "image_token_id", None)
+    return 0 if image is not None and bool((input_ids[:, reused:] == image).any()) else reused

@@ -1,0 +1,125 @@
+"""Decoding with a static KV cache, which transformers compiles on a GPU.
+
+In: the loaded model, the generation state and the prompt's length. Out: `cache_length(...)`, the
+number of slots of the static cache to generate with (None: keep the dynamic cache), and
+`new_cache(length)`, an empty one. This module does not generate; `modules/model_inputs.py` passes
+the cache to `generate()`, and `modules/prefix_cache.py` keeps it between turns like a dynamic one.
+
+On or off: the `static_cache` setting (a state key: settings.yaml can set it), else `--static-cache`;
+with neither, `DEFAULT_ON_CUDA` on a CUDA device and off elsewhere.
+With a static cache on CUDA, transformers' `generate` compiles each decoding step's forward itself
+(`GenerationMixin._valid_auto_compile_criteria`: a compileable cache that is not a `DynamicCache`,
+on cuda/xpu/tpu, unless `generation_config.compile_config` says `_compile_all_devices`); on a CPU it
+runs the static cache eagerly, attending over every slot at each step, which is slower than the
+dynamic cache: a CPU keeps the dynamic cache by default.
+
+One layout for every family that takes it: each layer, sliding-window ones included, holds `length`
+slots (`WritePositionLayer`). A sliding window is then the attention mask's business (transformers
+masks by absolute position), not the cache's, so any prefix of the previous prompt can be kept: a
+static cache cannot be cut, but "cropping" it only moves its write position back; the slots past it
+are masked until the next prefill overwrites them. The kept prefix is the dynamic cache's rule
+(`modules/prefix_cache.py`: the reply's rows dropped, only new tokens prefilled).
+Families: those in `FAMILIES` (tested against the eager dynamic path and Hugging Face's generate,
+`tests/test_static_decode.py`); another family keeps the dynamic cache, said once in the log.
+`extensions/multimodal/tgw/static_decode.py` is the same for text-generation-webui (written twice:
+docs/ARCHITECTURE.md, "Concerns written twice on purpose").
+"""
+from __future__ import annotations
+
+import torch
+from transformers import Cache
+from transformers.cache_utils import StaticLayer
+
+from modules import shared
+from modules.logging_colors import logger
+
+# Flip to True once a lent GPU has shown the compiled static path token-identical and faster
+# (bench/decode.py --device cuda --compiled): then a CUDA device decodes with it unless the setting says no.
+DEFAULT_ON_CUDA = False
+# model_type of the checkpoints whose language model decodes exactly with this cache.
+FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "qwen2_5_vl", "gemma3"})
+# Families whose pictures attend to each other both ways through `token_type_ids` (see `usable_prefix`).
+MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
+# Slots come in whole blocks, so one length (and one compiled step) serves a setting's every prompt.
+BLOCK = 256
+_told: set[str] = set()  # families already said to keep the dynamic cache
+
+
+class WritePositionLayer(StaticLayer):
+    """A `StaticLayer` that can be cropped: cropping moves its write position back (in place: a
+    compiled step holds the tensor's address)."""
+
+    is_croppable = True
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last `-tokens_to_remove` tokens (a count <= 0, as `DynamicLayer.crop` takes it)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove < 0 and self.is_initialized:
+            self.cumulative_length.sub_(-int(tokens_to_remove))
+
+
+class WritePositionCache(Cache):
+    """`layers` full-length `WritePositionLayer`s of `length` slots each."""
+
+    is_croppable = True  # every layer is (transformers 5.2x's Cache says so from its layers; older ones have no such flag)
+
+    def __init__(self, layers: int, length: int):
+        super().__init__(layers=[WritePositionLayer(max_cache_len=length) for _ in range(layers)])
+        self.length = length
+
+
+def enabled(state: dict) -> bool:
+    """The state's `static_cache` (True/False); unset, `--static-cache`, else the device's default."""
+    setting = state.get("static_cache")
+    if setting is None and shared.args.static_cache:
+        setting = True
+    if setting is None:
+        return DEFAULT_ON_CUDA and shared.model.device.type == "cuda"
+    return bool(setting)
+
+
+def takes_static_cache(model) -> bool:
+    """Whether `model`'s family decodes with `WritePositionCache`; logs once per family when not."""
+    family = model.config.model_type
+    if family in FAMILIES:
+        return True
+    if family not in _told:
+        _told.add(family)
+        logger.info(f"Static cache: {family} keeps the dynamic KV cache (static decoding covers "
+                    f"{', '.join(sorted(FAMILIES))})")
+    return False
+
+
+def cache_length(state: dict, prompt_tokens: int) -> int | None:
+    """Slots of the static cache for this generation, or None for the dynamic cache: the context
+    (`truncation_length`), or the prompt and the reply where they need more, in whole blocks."""
+    if not enabled(state) or not takes_static_cache(shared.model):
+        return None
+    needed = max(int(state["truncation_length"]), prompt_tokens + int(state["max_new_tokens"]))
+    return -(-needed // BLOCK) * BLOCK
+
+
+def usable_prefix(model, input_ids: torch.Tensor, reused: int) -> int:
+    """How many of the `reused` tokens a static cache may keep for the prompt `input_ids` `(1, n)`: all,
+    except on Gemma 3 when a picture is among the tokens to prefill. With a static cache transformers
+    (5.23) builds Gemma 3's attention mask in `prepare_inputs_for_generation` from `token_type_ids`
+    cut to the tokens being prefilled, then reads them by absolute position: that picture's tokens would
+    lose their attention to each other both ways. Such a prompt is prefilled whole (a picture turn runs
+    the vision tower anyway); a text turn after it keeps the prefix."""
+    if reused == 0 or model.config.model_type not in MASK_FROM_TOKEN_TYPES:
+        return reused
+    image = getattr(model.config, "image_token_id", None)
+    return 0 if image is not None and bool((input_ids[:, reused:] == image).any()) else reused
+
+
+def new_cache(length: int) -> WritePositionCache:
+    return WritePositionCache(shared.model.config.get_text_config(decoder=True).num_hidden_layers, length)
+
+
+def fits(cache: Cache, length: int | None) -> bool:
+    """Whether a kept `cache` is the kind this generation decodes with: a static one of `length`
+    slots (another length would compile the step again), or a dynamic one for None."""
+    if length is None:
+        return not isinstance(cache, WritePositionCache)
+    return isinstance(cache, WritePositionCache) and cache.length == length
