@@ -157,3 +157,25 @@ def test_placeholders_are_what_the_chat_templates_write(family_folder):
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert text.count(image_placeholder(processor)) == 1, (name, text)
+
+
+def test_a_folder_without_a_video_processor_serves_pictures_where_torchvision_is_installed(family_folder, monkeypatch):
+    """Where torchvision runs, AutoProcessor requires a video processor that a folder saved without torchvision
+    lacks (an H200 with torchvision: "Can't load video processor ..."); its pictures need only the parts.
+    transformers' own error is raised here as it is there: this machine has no torchvision to raise it."""
+    folder = family_folder("qwen2_5_vl")
+    expected = load_processor(folder, use_torchvision=False)
+
+    def without_video_config(path, *args, **kwargs):
+        raise OSError(f"Can't load video processor for '{path}'. If you were trying to load it from "
+                      f"'https://huggingface.co/models', make sure you don't have a local directory with the same name.")
+
+    monkeypatch.setattr(processing, "torchvision_usable", lambda: True)
+    monkeypatch.setattr(processing.AutoProcessor, "from_pretrained", without_video_config)
+    ours = load_processor(folder)
+    assert not hasattr(ours, "video_processor")
+    assert_same_outputs(run(ours, pictures()), run(expected, pictures()))
+    monkeypatch.setattr(processing.AutoProcessor, "from_pretrained",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError("disk read error")))
+    with pytest.raises(OSError, match="disk read error"):  # any other failure still says what it is
+        load_processor(folder)

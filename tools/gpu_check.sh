@@ -7,6 +7,8 @@
 #   timeout_s: 590   (the sections' budgets add up to 480 s; each may run 5 s over before it is killed)
 # Only some sections, e.g. to run again what failed on a warm machine:
 #   command:   SECTIONS="multiturn decode" bash tools/gpu_check.sh --device cuda
+# With little device time left: a shorter run, decode on 8 text layers (TOTAL_BUDGET caps the sections):
+#   command:   TOTAL_BUDGET=200 SECTIONS="families vision decode" DECODE_LAYERS=8 DECODE_RUNS=2 bash tools/gpu_check.sh --device cuda
 #
 #   bash tools/gpu_check.sh --prepare       # here, with a network: wheels and harness files into .gpu/ (git-ignored)
 #   bash tools/gpu_check.sh --device cpu    # the dry run: every section at tiny size on this CPU (.ci/run runs it)
@@ -181,8 +183,12 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
   [ -f bench/decode.py ] || { echo "bench/decode.py is not in this tree yet"; return 1; }
   if [ "$DEVICE" = cuda ]; then
     whole_model_or_none
-    project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --runs 3 --new-tokens 128 \
-      --compiled --json --model-dir "$REAL_MODEL"  # the folder multiturn built (built here when it is missing)
+    # DECODE_LAYERS: fewer text layers (LLaVA-1.5-7B's widths) when the device time left is short; the folder
+    # multiturn built is used only at its 32.
+    local layers=${DECODE_LAYERS:-32} folder=$REAL_MODEL
+    [ "$layers" = 32 ] || folder=$REAL_MODEL-$layers
+    project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
+      --new-tokens 128 --compiled --json --model-dir "$folder"  # built here when it is missing
   else
     project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \
       --compiled --json

@@ -70,17 +70,21 @@ def load_processor(folder: str | Path, use_torchvision: bool | None = None) -> P
     try:
         return AutoProcessor.from_pretrained(folder)
     except (OSError, ImportError, ValueError, TypeError, AttributeError) as error:
-        if use_torchvision or torchvision_usable():
+        # A folder saved where torchvision was missing holds no video processor, which AutoProcessor then
+        # requires wherever torchvision is installed (seen on an H200): its pictures still need only the parts.
+        no_video = isinstance(error, OSError) and "video processor" in str(error)
+        if (use_torchvision or torchvision_usable()) and not no_video:
             raise
         first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-        logger.info(f"Multimodal: AutoProcessor does not load without torchvision ({type(error).__name__}: "
-                    f"{first_line}); building it from the checkpoint's PIL parts")
-        return processor_from_parts(folder)
+        logger.info(f"Multimodal: AutoProcessor does not load {'this folder' if no_video else 'without torchvision'} "
+                    f"({type(error).__name__}: {first_line}); building it from the checkpoint's PIL parts")
+        return processor_from_parts(folder, images_only=no_video)
 
 
-def processor_from_parts(folder: Path) -> ProcessorMixin:
-    """The checkpoint's processor class built from its PIL image processor, tokenizer and settings."""
-    cls = processor_class(folder_processor_class_name(folder))
+def processor_from_parts(folder: Path, images_only: bool = False) -> ProcessorMixin:
+    """The checkpoint's processor class built from its PIL image processor, tokenizer and settings
+    (`images_only`: without its video processor even where torchvision could run one)."""
+    cls = processor_class(folder_processor_class_name(folder), images_only)
     image_processor = pil_image_processor(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     processor_dict, instantiation_kwargs = cls.get_processor_dict(folder)
@@ -182,8 +186,9 @@ def folder_processor_class_name(folder: Path) -> str:
 
 
 @functools.cache
-def processor_class(class_name: str) -> type[ProcessorMixin]:
-    """The transformers processor class `class_name`, usable without torchvision (see the module docstring)."""
+def processor_class(class_name: str, images_only: bool = False) -> type[ProcessorMixin]:
+    """The transformers processor class `class_name`, usable without torchvision (see the module docstring);
+    `images_only`: without a video processor wherever it runs."""
     if class_name == "PixtralProcessor":
         cls = pixtral_processor_class()
     else:
@@ -194,7 +199,7 @@ def processor_class(class_name: str) -> type[ProcessorMixin]:
         except (AttributeError, ImportError) as error:
             raise ProcessorLoadError(f"transformers has no usable processor class {class_name}: {error}"
                                      f"{fix_hint(class_name)}") from error
-    if "video_processor" in processor_attributes(cls) and not torchvision_usable():
+    if "video_processor" in processor_attributes(cls) and (images_only or not torchvision_usable()):
         return without_video_processor(cls)
     return cls
 

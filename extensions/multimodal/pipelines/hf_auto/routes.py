@@ -111,6 +111,10 @@ def route_kwargs(model, route: str, input_ids: torch.Tensor, inputs_embeds: torc
 
     if route == EMBEDS:  # with the real image ids (the host's may stand in for a pad id)
         return lambda cached_length, cache: embeds_kwargs(input_ids, inputs_embeds)
+    # A tower on another device (the vision_device setting) leaves its rows there: the language model takes
+    # them where it takes its inputs (found on an H200 with the language model on the CPU).
+    lm_device = model.get_input_embeddings().weight.device
+    features = [f if f is None else f.to(lm_device) for f in features]
     if any(f is None for f in features):
         raise ValueError(f"{type(model).__name__} needs every image of the prompt embedded (its positions "
                          f"or its image features cover them all): set multimodal-add_all_images_to_prompt "
