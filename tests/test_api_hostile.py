@@ -319,7 +319,7 @@ def test_pipeline_failure_is_500_and_frees_the_lock(llava_apis, monkeypatch):
     default_api, _ = llava_apis
     pipeline = multimodal.served_model.embedder(multimodal.params).pipeline
 
-    def out_of_memory(images):
+    def out_of_memory(images, **prepared):  # as the pipeline is called (prepared inputs too)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
 
     monkeypatch.setattr(pipeline, "embed_images", out_of_memory)

@@ -75,8 +75,10 @@ def test_launch_takes_the_engine_flags_off_the_command_line(monkeypatch):
     spec = importlib.util.spec_from_file_location("launch_under_test", ROOT / "extensions" / "multimodal" / "launch.py")
     launch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(launch)
-    monkeypatch.delenv("MULTIMODAL_ENGINE_URL", raising=False)
-    monkeypatch.delenv("MULTIMODAL_ENGINE_API_KEY", raising=False)
+    # setenv records what to restore: the flags' values must not outlive this test (every later test
+    # would then send its replies to an engine)
+    monkeypatch.setenv("MULTIMODAL_ENGINE_URL", "")
+    monkeypatch.setenv("MULTIMODAL_ENGINE_API_KEY", "")
     rest = launch.take_engine_flags(["--model", "m", "--multimodal-engine-url", "http://gpu:8000/v1",
                                      "--multimodal-engine-api-key=k", "--api"])
     assert rest == ["--model", "m", "--api"]
@@ -125,3 +127,13 @@ def test_the_bos_is_text_generation_webuis(monkeypatch):
     assert remote_generation.with_hosts_bos("<s><s>USER: hi", {"add_bos_token": True}) == "<s>USER: hi"
     # add_bos_token off: this tokenizer adds its BOS itself, and encode() keeps it (as text-generation-webui's)
     assert remote_generation.with_hosts_bos("USER: hi", {"add_bos_token": False}) == "<s>USER: hi"
+
+
+def test_this_hosts_extension_leaves_text_generation_webuis_engine_alone(monkeypatch):
+    """This host has its own --engine-url: the extension's engine setting, or its variable left in the
+    environment, must not send this host's replies anywhere."""
+    import extensions.multimodal.script as script
+
+    monkeypatch.setenv("MULTIMODAL_ENGINE_URL", "http://gpu:8000/v1")
+    assert engine_client.engine_url(script.params) == "http://gpu:8000/v1"
+    assert not script.tgw_engine_set()

