@@ -24,17 +24,10 @@ from PIL import Image
 
 from modules import chat, shared
 from fixtures import api_helpers, hf_reference, host_helpers, vlm_families
+from fixtures.vlm_families import png
 
 FAMILIES = list(vlm_families.FAMILIES)
 NEW_TOKENS = 8
-
-
-def png(width: int, height: int, seed: int) -> bytes:
-    generator = torch.Generator().manual_seed(seed)
-    blocks = torch.randint(0, 256, (max(height // 8, 1), max(width // 8, 1), 3), generator=generator, dtype=torch.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(blocks.numpy()).resize((width, height), Image.NEAREST).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def hf_reply(history: list[tuple[str, list[bytes], str | None]], model=None) -> str:

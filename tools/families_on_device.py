@@ -63,14 +63,6 @@ def placement(text: str) -> tuple[str, str]:
     return device, dtype
 
 
-def png(width: int, height: int, seed: int) -> bytes:
-    generator = torch.Generator().manual_seed(seed)
-    blocks = torch.randint(0, 256, (max(height // 8, 1), max(width // 8, 1), 3), generator=generator, dtype=torch.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(blocks.numpy()).resize((width, height), Image.NEAREST).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def build(name: str, root: Path) -> Path:
     from fixtures import tiny_models, vlm_families
 
@@ -183,6 +175,8 @@ def tower_placement() -> str:
 
 
 def check(name: str, root: Path, lm: tuple[str, str], vision: tuple[str, str] | None) -> dict:
+    from fixtures.vlm_families import png
+
     folder = build(name, root)
     load(folder, lm, card_settings(vision))
     picture = png(64, 48, 1)

@@ -47,6 +47,7 @@ class PendingReply:
 
 _pending: Optional[PendingReply] = None  # opened by the tokenizer hook, consumed by generate()
 _clients: dict[tuple, EngineClient] = {}
+_served: dict[tuple, str] = {}  # (engine URL, text-generation-webui's model) -> the name vLLM serves it under
 
 
 def client(params: dict) -> EngineClient:
@@ -114,7 +115,15 @@ def discard_pending() -> None:
 
 
 def served_name(engine: EngineClient) -> str:
-    """The engine's model: the only one it serves, else the one named as text-generation-webui's."""
+    """The engine's model: the only one it serves, else the one named as text-generation-webui's. Asked
+    once per engine and loaded model, not every turn."""
+    key = (engine.url, shared.model_name)
+    if key not in _served:
+        _served[key] = ask_served_name(engine)
+    return _served[key]
+
+
+def ask_served_name(engine: EngineClient) -> str:
     names = engine.model_names()
     if len(names) == 1:
         return names[0]
