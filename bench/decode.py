@@ -12,7 +12,10 @@ by each column, interleaved (the order flips each run, so noise on a shared mach
 Greedy decoding everywhere; EOS and the image placeholder are banned in every column.
 
 Sizes: `--size small --text-layers 2` (default) is the overhead-bound proxy (width 768, 2 layers: a
-CPU is bound by per-token overhead like a GPU only with a small model); `--size real --text-layers 32`
+CPU is bound by per-token overhead like a GPU only with a small model); `--size micro --text-layers 1`
+(width 64) leaves little but the host's Python per token, the proxy for a GPU's compiled step, with
+`--cpu-compile` (transformers compiles the static columns on a CPU too: its CompileConfig's
+`_compile_all_devices`, mode "default", as CUDA graphs need a GPU); `--size real --text-layers 32`
 is LLaVA-1.5-7B's shapes. Identity is tie-aware: where a column's reply differs from HF eager's, the
 first differing step and HF's own top-two logit margin there are reported; a margin of exactly 0 is a
 tie (either token is right), not a defect. On CUDA the JSON also gives each column's fraction of the
@@ -20,6 +23,7 @@ memory-bandwidth limit: tokens/s x bytes of weights read per token (the language
 input embeddings) / bandwidth (`--bandwidth` TB/s, else a table by GPU name).
 
     python bench/decode.py --runs 5                                        # the CPU proxy
+    python bench/decode.py --size micro --new-tokens 256 --compiled --cpu-compile --runs 5   # host overhead
     python bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --compiled --json
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import CompileConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,6 +48,7 @@ from modules import chat, logits_processor_loader, prefix_cache, shared  # noqa:
 
 # Memory bandwidth by GPU name (TB/s), matched in order: "H100 PCIe" before "H100".
 BANDWIDTH_TBPS = [("H100 PCIe", 2.0), ("H100", 3.35), ("H200", 4.8)]
+TEXT_LAYERS = {"micro": 1, "small": 2, "real": 32}  # by --size, unless --text-layers says
 HISTORY_TURNS = 4  # the turns written before the measured one (pictures on turns 1 and 3)
 
 
@@ -52,19 +58,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
                         help="default: fp32 on a CPU, bf16 on CUDA")
     parser.add_argument("--size", choices=list(multiturn.SIZES), default="small")
-    parser.add_argument("--text-layers", type=int, default=None, help="default: 2 (small), 32 (real)")
+    parser.add_argument("--text-layers", type=int, default=None, help="default: 1 (micro), 2 (small), 32 (real)")
     parser.add_argument("--vision-layers", type=int, default=None)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--compiled", action="store_true",
                         help="also HF generate(cache_implementation='static') and our host's --static-cache")
+    parser.add_argument("--cpu-compile", action="store_true",
+                        help="with --compiled on a CPU: transformers compiles the static columns' decode step")
     parser.add_argument("--bandwidth", type=float, default=None, help="the GPU's memory bandwidth in TB/s")
     parser.add_argument("--model-dir", type=str, default=None, help="keep the model folder here (reused when present)")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
     args = parser.parse_args(argv)
     size = multiturn.SIZES[args.size]
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
-    args.text_layers = args.text_layers or (2 if args.size == "small" else 32)
+    args.text_layers = args.text_layers or TEXT_LAYERS[args.size]
     args.vision_layers = args.vision_layers or size.vision_layers
     args.max_new_tokens = args.new_tokens  # the name bench/multiturn.py's helpers read
     if args.dtype not in ("bf16", multiturn.base_dtype(args)):
@@ -165,15 +173,18 @@ def hf_reference(args, history: dict) -> tuple[list[int], list[torch.Tensor]]:
 
 def identity(reply: str, reference_ids: list[int], scores: list[torch.Tensor]) -> dict:
     """Whether `reply` is HF eager's reply; else the first step whose token's text leaves `reply`, and
-    HF's top-two margin there (0.0: an exact tie, either token is greedy's)."""
+    HF's top-two margin there (0.0: an exact tie, either token is greedy's). A step whose text ends in
+    an unfinished character (U+FFFD: a byte-level token that the next ones complete) is judged with them."""
+    full = shared.tokenizer.decode(reference_ids, skip_special_tokens=True).lstrip(" ")
+    if reply == full:
+        return {"identical": True, "first_differing_step": None}
     for step in range(len(reference_ids)):
         text = shared.tokenizer.decode(reference_ids[:step + 1], skip_special_tokens=True).lstrip(" ")
-        if not reply.startswith(text):
+        if not text.endswith("\ufffd") and not reply.startswith(text):
             top2 = scores[step].topk(2).values
             margin = float(top2[0] - top2[1])
             return {"identical": False, "first_differing_step": step, "hf_top2_margin": margin, "tie": margin == 0.0}
-    full = shared.tokenizer.decode(reference_ids, skip_special_tokens=True).lstrip(" ")
-    return {"identical": reply == full, "first_differing_step": None if reply == full else len(reference_ids)}
+    return {"identical": False, "first_differing_step": len(reference_ids)}
 
 
 def columns(args) -> dict:
@@ -259,6 +270,14 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]]) ->
     return out
 
 
+def compile_everywhere() -> None:
+    """transformers compiles a static cache's decode step on any device (its testing flag), without
+    CUDA graphs: the host's Python per step is then what a GPU's compiled step leaves of it."""
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True
+    shared.model.generation_config.compile_config = config
+
+
 def main() -> None:
     args = parse_args()
     torch.set_grad_enabled(False)
@@ -272,6 +291,8 @@ def main() -> None:
             # entry points, so that a plugin installed in this venv for the tests stays out.
             shared.logits_processors = logits_processor_loader.build_runner(
                 logits_processor_loader.requested_classes(use_entry_points=False))
+            if args.cpu_compile:
+                compile_everywhere()
         history = write_history(args)
         runs = measure(args, history)
         result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history))

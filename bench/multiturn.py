@@ -81,6 +81,10 @@ class Size:
 SIZES = {
     "small": Size(768, 3072, 12, 224, 16, 768, 2048, 12, 4, 0, vision_layers=12, text_layers=17, repeats=5,
                   max_new_tokens=24),
+    # The host-overhead proxy (bench/decode.py): a step costs little more than the Python around it, as a
+    # GPU's compiled step does.
+    "micro": Size(64, 128, 4, 224, 16, 64, 128, 4, 4, 0, vision_layers=1, text_layers=1, repeats=2,
+                  max_new_tokens=16),
     "real": Size(1024, 4096, 16, 336, 14, 4096, 11008, 32, 32, 32064, vision_layers=24, text_layers=2, repeats=2,
                  max_new_tokens=16),
 }

@@ -52,6 +52,13 @@ default_settings: dict[str, Any] = {
     "repetition_penalty": 1.0,
     "seed": -1,
     "stream": True,
+    # text-generation-webui's "Maximum UI updates/second" (its 598568b1 setting; 0: every token at once).
+    # Here it holds for every reply the local model streams, to the UI and the API alike: each update's
+    # Python (decoding, the chat's history, a chunk) holds the GIL that the generating thread needs
+    # between a step's kernels, so an update a token slows the decode of a fast model (a GPU's compiled
+    # step takes a few milliseconds; bench/decode.py --size micro measures it). 50 a second is smoother
+    # than the eye follows, and slower replies still arrive token by token.
+    "max_updates_second": 50,
     "system_message": "",
     "default_extensions": [],
     "model": DEMO_MODEL,

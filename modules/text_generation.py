@@ -300,11 +300,12 @@ def generate_kwargs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
 
 def stream_events(question: str, state: dict, stop_event: threading.Event) -> Iterator[PromptReady | list[int]]:
     """Runs `produce` on the compute thread; yields its events, re-raising its error. Token ids that
-    arrived while the consumer was busy come as one list: it catches up with one update, not one per token."""
+    arrived while the consumer was busy, or within the state's update interval, come as one list: it
+    catches up with one update, not one per token."""
     events: queue.SimpleQueue = queue.SimpleQueue()
     done = compute_thread().submit(produce, question, state, stop_event, events)
     try:
-        for item in merged_tokens(events):
+        for item in merged_tokens(events, update_interval(state)):
             if isinstance(item, Exception):
                 raise item
             yield item
@@ -316,8 +317,16 @@ def stream_events(question: str, state: dict, stop_event: threading.Event) -> It
 _NOT_TAKEN = object()  # merged_tokens: no event taken after the tokens yet (None is the end)
 
 
-def merged_tokens(events: queue.SimpleQueue) -> Iterator[PromptReady | list[int] | Exception]:
-    """`events` in order until the None that ends them, consecutive token lists already queued merged into one."""
+def update_interval(state: dict) -> float:
+    """Seconds between two updates of a streamed reply: `max_updates_second` (0 or unset: no wait)."""
+    rate = float(state.get("max_updates_second") or 0)
+    return 1 / rate if rate > 0 else 0.0
+
+
+def merged_tokens(events: queue.SimpleQueue, interval: float = 0.0) -> Iterator[PromptReady | list[int] | Exception]:
+    """`events` in order until the None that ends them, consecutive token lists already queued merged into
+    one. After a token list, the next is taken no sooner than `interval` seconds after it was handed out:
+    what arrived meanwhile comes merged."""
     item = events.get()
     while item is not None:
         if not isinstance(item, list):
@@ -331,8 +340,12 @@ def merged_tokens(events: queue.SimpleQueue) -> Iterator[PromptReady | list[int]
                 break
             tokens.extend(item)
             item = _NOT_TAKEN
+        handed_out = time.perf_counter()
         yield tokens
         if item is _NOT_TAKEN:
+            rest = interval - (time.perf_counter() - handed_out)
+            if rest > 0:
+                time.sleep(rest)
             item = events.get()
 
 

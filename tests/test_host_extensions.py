@@ -288,7 +288,7 @@ def test_a_withdrawn_custom_generate_reply_leaves_the_host_generating(host, llam
 def test_custom_generate_reply_can_delegate_to_the_hosts_generation(host, llama_dir, ext_dir):
     write_extension(ext_dir, "delegate", DELEGATE)
     host.load(llama_dir, ["delegate"])
-    state = host.greedy_state(max_new_tokens=10, ban_eos_token=True)
+    state = host.greedy_state(max_new_tokens=10, ban_eos_token=True, max_updates_second=0)
     replies = list(generate_reply("Hello world", state))
     assert sys.modules["extensions.delegate.script"].calls == ["Hello world"]
     assert replies[-1] == model_reply("Hello world", 10).upper()

@@ -47,7 +47,7 @@ def test_chat_turns_with_images_stream_and_equal_model_generate(host, llama_dir,
         path = tmp_path / f"picture{turn}.png"
         noise_image(seed, (48, 40)).save(path)
         state = host.greedy_state(max_new_tokens=10, ban_eos_token=True, history=history,
-                                  message_images=[str(path)])
+                                  message_images=[str(path)], max_updates_second=0)
         outputs = [copy_of(o) for o in chat.chatbot_wrapper("What is in the picture?", state)]
         user_text = outputs[-1]["internal"][-1][0]
         assert script.IMAGE_TAG_RE.fullmatch(user_text.split("\n")[0]) and user_text.endswith("\nWhat is in the picture?")

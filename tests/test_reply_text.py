@@ -1,5 +1,6 @@
 """The streamed reply: its text built a few ids at a time (`modules/reply_text.py`), and the token ids
-handed from the generating thread, merged when the consumer fell behind (`text_generation.merged_tokens`).
+handed from the generating thread, merged when the consumer fell behind or waits out its update
+interval (`text_generation.merged_tokens`, `max_updates_second`).
 
 The tokenizers are real (fixtures/tiny_tokenizer.py, in the three styles the families use: byte-level,
 SentencePiece-like and Metaspace, which drops the leading space of a decoded text's first id), and the
@@ -9,6 +10,8 @@ U+FFFD alone), spaces at id boundaries, runs of newlines.
 from __future__ import annotations
 
 import queue
+import threading
+import time
 
 import pytest
 
@@ -61,3 +64,34 @@ def test_token_lists_already_queued_come_as_one():
     assert list(merged_tokens(events([1], [2], error, None))) == [[1, 2], error]
     assert list(merged_tokens(events([1], PromptReady(2), [3], None))) == [[1], PromptReady(2), [3]]
     assert list(merged_tokens(events(None))) == []
+
+
+def timed_tokens(q: queue.SimpleQueue, first_taken: threading.Event, count: int) -> None:
+    """The generating thread's pace: token 0, then (once the consumer has it) one token a millisecond."""
+    q.put([0])
+    first_taken.wait(5)
+    for token in range(1, count):
+        time.sleep(0.001)
+        q.put([token])
+    q.put(None)
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.03])
+def test_tokens_come_at_most_once_an_interval_the_first_at_once(interval):
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    first_taken = threading.Event()
+    producer = threading.Thread(target=timed_tokens, args=(q, first_taken, 60))
+    producer.start()
+    started = time.perf_counter()
+    lists = []
+    for item in merged_tokens(q, interval):
+        lists.append(item)
+        first_taken.set()
+    elapsed = time.perf_counter() - started
+    producer.join()
+    assert lists[0] == [0], "the first token is handed out as soon as it comes"
+    assert [t for item in lists for t in item] == list(range(60))
+    if interval:
+        assert len(lists) <= elapsed / interval + 2, (len(lists), elapsed)
+    else:
+        assert len(lists) > 20, "without an interval the consumer wakes for (nearly) every token"

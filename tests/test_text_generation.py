@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -37,6 +38,18 @@ def test_decode_round_trip(llama):
     assert decode(encode("Hello world")[0], skip_special_tokens=False).startswith("<s>")
 
 
+def test_a_fast_reply_updates_at_most_max_updates_second(llama):
+    """The tiny model makes its 48 tokens far faster than 5 a second: they come in a few updates, the
+    first at once, and the reply is the one streamed token by token."""
+    prompt = "USER: Describe the image.\nASSISTANT:"
+    each = list(generate_reply(prompt, llama.greedy_state(max_new_tokens=48, ban_eos_token=True, max_updates_second=0)))
+    started = time.perf_counter()
+    few = list(generate_reply(prompt, llama.greedy_state(max_new_tokens=48, ban_eos_token=True, max_updates_second=5)))
+    elapsed = time.perf_counter() - started
+    assert few[-1] == each[-1] and len(each) > 10
+    assert len(few) <= elapsed * 5 + 2, (len(few), elapsed)
+
+
 def test_max_prompt_length():
     assert get_max_prompt_length({"truncation_length": 2048, "max_new_tokens": 512}) == 1536
 
@@ -46,7 +59,7 @@ def test_truncation_length_comes_from_the_model_config(llama):
 
 
 def test_greedy_reply_equals_model_generate(llama):
-    state = llama.greedy_state(max_new_tokens=12, ban_eos_token=True)
+    state = llama.greedy_state(max_new_tokens=12, ban_eos_token=True, max_updates_second=0)
     prompt = "USER: Describe the image.\nASSISTANT:"
     replies = list(generate_reply(prompt, state))
     ids = encode(prompt)
@@ -74,7 +87,7 @@ def test_stopping_string_cuts_the_reply(llama):
 
 
 def test_stop_flag_interrupts(llama):
-    state = llama.greedy_state(max_new_tokens=200, ban_eos_token=True)
+    state = llama.greedy_state(max_new_tokens=200, ban_eos_token=True, max_updates_second=0)
     seen = []
     for reply in generate_reply("Hello world", state):
         seen.append(reply)
