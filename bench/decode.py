@@ -18,7 +18,9 @@ CPU is bound by per-token overhead like a GPU only with a small model); `--size 
 `_compile_all_devices`, mode "default", as CUDA graphs need a GPU); `--size real --text-layers 32`
 is LLaVA-1.5-7B's shapes. Identity is tie-aware: where a column's reply differs from HF eager's, the
 first differing step and HF's own top-two logit margin there are reported; a margin of exactly 0 is a
-tie (either token is right), not a defect. On CUDA the JSON also gives each column's fraction of the
+tie (either token is right), not a defect. With `--compiled`, one more (untimed) run of each of our
+columns records every step's token and top-two margin: where the static path leaves the dynamic
+one, both margins are reported (`ours_static.vs_ours`). On CUDA the JSON also gives each column's fraction of the
 memory-bandwidth limit: tokens/s x bytes of weights read per token (the language model without its
 input embeddings) / bandwidth (`--bandwidth` TB/s, else a table by GPU name).
 
@@ -45,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import multiturn  # noqa: E402
 from modules import chat, logits_processor_loader, prefix_cache, shared  # noqa: E402
+from modules.logits_bridge import LogitsProcessorRunner  # noqa: E402
+from modules.logits_processors import LogitsProcessor  # noqa: E402
 
 # Memory bandwidth by GPU name (TB/s), matched in order: "H100 PCIe" before "H100".
 BANDWIDTH_TBPS = [("H100 PCIe", 2.0), ("H100", 3.35), ("H200", 4.8)]
@@ -216,6 +220,53 @@ def measure(args, history: dict) -> dict:
     return runs
 
 
+class StepRecorder(LogitsProcessor):
+    """For an untimed run: each step's greedy token and the top-two margin of the logits it was chosen
+    from. The last processor (transformers runs its own EOS ban first), so every ban has been applied.
+    It reads the logits back at every step (a sync on a GPU): never in a timed run."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, float]] = []
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # else the host skips it for greedy requests
+
+    def update_state(self, batch_update) -> None:
+        """Nothing to follow: one request."""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        top = logits[0].float().topk(2)
+        self.steps.append((int(top.indices[0]), float(top.values[0] - top.values[1])))
+        return logits
+
+
+def recorded_steps(args, history: dict, **settings) -> list[tuple[int, float]]:
+    """The fifth turn as `run_ours` answers it (its prompt's cache kept from a one-token turn), with a
+    `StepRecorder` after the loaded processors: (token, top-two margin) per step of the measured turn."""
+    loaded = shared.logits_processors
+    recorder = StepRecorder()
+    shared.logits_processors = LogitsProcessorRunner((loaded.processors if loaded else []) + [recorder])
+    try:
+        prefix_cache.clear()
+        host_turn(args, history, max_new_tokens=1, **settings)
+        recorder.steps.clear()
+        host_turn(args, history, **settings)
+    finally:
+        shared.logits_processors = loaded
+    return recorder.steps
+
+
+def static_vs_dynamic(dynamic: list[tuple[int, float]], static: list[tuple[int, float]]) -> dict:
+    """Our static path's tokens against our dynamic path's: the first step where they part, and both
+    paths' top-two margins there (an exact 0.0 on either side is a tie: either token is greedy's)."""
+    for step, ((ours, margin), (theirs, static_margin)) in enumerate(zip(dynamic, static)):
+        if ours != theirs:
+            return {"identical": False, "first_differing_step": step, "dynamic_top2_margin": margin,
+                    "static_top2_margin": static_margin, "tie": margin == 0.0 or static_margin == 0.0}
+    same = len(dynamic) == len(static)
+    return {"identical": same, "first_differing_step": None if same else min(len(dynamic), len(static))}
+
+
 # -- The report --------------------------------------------------------------------------------------
 
 def weight_bytes_per_token() -> int:
@@ -234,7 +285,8 @@ def bandwidth_tbps(args, name: str) -> float | None:
     return next((tbps for key, tbps in BANDWIDTH_TBPS if key in name), None)
 
 
-def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]]) -> dict:
+def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
+           steps: tuple[list, list] | None = None) -> dict:
     name = multiturn.device_name(args)
     out: dict = {"device": name, "dtype": args.dtype, "size": args.size, "text_layers": args.text_layers,
                  "new_tokens": args.new_tokens, "runs": args.runs,
@@ -252,12 +304,9 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]]) ->
         if bandwidth:
             entry["bandwidth_fraction"] = round(entry["median_tokens_per_s"] * per_token / (bandwidth * 1e12), 3)
         out[column] = entry
-    if "ours_static" in runs:  # static against dynamic, the same prefill chunks: only the cache differs
-        static, dynamic = runs["ours_static"][0]["reply"], runs["ours"][0]["reply"]
-        differs = next((i for i, (a, b) in enumerate(zip(static, dynamic)) if a != b), min(len(static), len(dynamic)))
-        out["ours_static"]["identical_to_ours"] = static == dynamic
-        if static != dynamic:
-            out["ours_static"]["first_differing_character_vs_ours"] = differs
+    if steps is not None:  # static against dynamic, the same prefill chunks: only the cache differs
+        out["ours_static"]["identical_to_ours"] = runs["ours_static"][0]["reply"] == runs["ours"][0]["reply"]
+        out["ours_static"]["vs_ours"] = static_vs_dynamic(*steps)
     out["ratio_ours_vs_hf"] = round(out["ours"]["median_tokens_per_s"] / out["hf"]["median_tokens_per_s"], 3)
     if "ours_static" in out:
         out["ratio_ours_static_vs_hf"] = round(out["ours_static"]["median_tokens_per_s"] /
@@ -295,7 +344,9 @@ def main() -> None:
                 compile_everywhere()
         history = write_history(args)
         runs = measure(args, history)
-        result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history))
+        steps = (recorded_steps(args, history), recorded_steps(args, history, static_cache=True)) \
+            if args.compiled else None
+        result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history), steps)
     if not args.json:
         for column in runs:
             entry = result[column]
@@ -303,6 +354,8 @@ def main() -> None:
             print(f"{column:>11}: median {entry['median_tokens_per_s']:7.1f} tokens/s, TTFT {entry['median_ttft_ms']:8.1f} ms"
                   f"{whole}, identical to HF: {entry['identity_vs_hf']}")
         print(f"ours / HF: {result['ratio_ours_vs_hf']}  (prompt {result['prompt_tokens']} tokens)")
+        if "ours_static" in result:
+            print(f"ours static against ours: {result['ours_static']['vs_ours']}")
     print(json.dumps(result))
 
 

@@ -26,7 +26,9 @@
 #   multiturn (220) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
 #                   the tokens are identical or every difference starts at an exact tie of HF's top two
 #   decode    (115) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
-#                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder)
+#                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
+#                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
+#                   torch.compile said: CUDA graphs skipped (and why), recompiles
 # On the CPU the same sections run at tiny size (LM and tower on the CPU: fp32, and bf16 against fp32).
 #
 # What travels: the working tree and `.gpu/` (the device machine has no network and no ../shared):
@@ -187,7 +189,9 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
     # multiturn built is used only at its 32.
     local layers=${DECODE_LAYERS:-32} folder=$REAL_MODEL
     [ "$layers" = 32 ] || folder=$REAL_MODEL-$layers
-    project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
+    # cudagraphs, perf_hints: torch.compile says where it skips CUDA graphs, and why (the report lists them).
+    TORCH_LOGS=cudagraphs,perf_hints,recompiles \
+      project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
       --new-tokens 128 --compiled --json --model-dir "$folder"  # built here when it is missing
   else
     project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \

@@ -5,7 +5,7 @@
 Reads what the sections left in WORK_DIR: `verdicts` (one line per section: name, exit status, seconds,
 budget), `families.json` and `vision-*.json` (tools/families_on_device.py), `tgw-verdicts` and the harness's
 reports, the last JSON line of `multiturn.log` (bench/multiturn.py's summary) and of `decode.log`
-(bench/decode.py --json). A section passes when it exited 0; the multiturn bench also needs identical
+(bench/decode.py --json, with torch.compile's notes on CUDA graphs it skipped and recompiles). A section passes when it exited 0; the multiturn bench also needs identical
 tokens, or every difference starting where Hugging Face's top two scores tie exactly. Exit 1 when any
 section failed. Standard library and torch only (torch for the GPU's name).
 """
@@ -78,6 +78,16 @@ def multiturn_figures(work: Path) -> tuple[dict | None, bool]:
     return figures, bool(summary.get("tokens_identical") or summary.get("differences_are_exact_ties"))
 
 
+def decode_figures(work: Path) -> dict:
+    """bench/decode.py's JSON, and what torch.compile logged meanwhile (TORCH_LOGS=cudagraphs,perf_hints,recompiles):
+    the distinct reasons it gave for skipping CUDA graphs, and how many recompiles."""
+    log = work / "decode.log"
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    skipped = sorted({l.split("skipping cudagraphs", 1)[1].strip()[:200] for l in lines if "skipping cudagraphs" in l})
+    return {"bench": last_json(log), "cudagraphs_skipped": skipped,
+            "recompiles": sum("Recompiling function" in l for l in lines)}
+
+
 def device_name(device: str) -> str:
     if device == "cuda":
         import torch
@@ -102,7 +112,7 @@ def main() -> int:
         "families": lambda: family_verdicts(work / "families.json"),
         "vision": lambda: [family_verdicts(p) for p in sorted(work.glob("vision-*.json"))],
         "tgw": lambda: tgw_figures(work),
-        "decode": lambda: last_json(work / "decode.log"),
+        "decode": lambda: decode_figures(work),
     }
     for name, section in sections.items():
         if name == "multiturn":
