@@ -42,6 +42,7 @@ def generate_inputs(input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
     if use_prefix_cache:
         prompt_embeds = (inputs_embeds if inputs_embeds is not None else prefix_cache.embed_ids(input_ids))[0]
         cache, reused = prefix_cache.take(shared.model, prompt_embeds, has_route=route is not None)
+        cache = static_decode.lengthened(cache, static_length)  # a static one too short for this turn
         if not static_decode.fits(cache, static_length):  # a new cache, or one kept before the setting changed
             cache, reused = new_cache(static_length), 0
         elif static_length is not None and static_decode.usable_prefix(shared.model, input_ids, reused) < reused:

@@ -1,8 +1,9 @@
 """Decoding with a static KV cache, which transformers compiles on a GPU.
 
 In: the loaded model, the generation state and the prompt's length. Out: `cache_length(...)`, the
-number of slots of the static cache to generate with (None: keep the dynamic cache), and
-`new_cache(length)`, an empty one. This module does not generate; `modules/model_inputs.py` passes
+number of slots of the static cache to generate with (None: keep the dynamic cache),
+`new_cache(length)`, an empty one, and `lengthened(cache, length)`, a kept one given more slots with
+its rows. This module does not generate; `modules/model_inputs.py` passes
 the cache to `generate()`, and `modules/prefix_cache.py` keeps it between turns like a dynamic one.
 
 On or off: the `static_cache` setting (a state key: settings.yaml can set it), else `--static-cache`;
@@ -40,7 +41,13 @@ DEFAULT_ON_CUDA = False
 FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "qwen2_5_vl", "gemma3"})
 # Families whose pictures attend to each other both ways through `token_type_ids` (see `usable_prefix`).
 MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
-# Slots come in whole blocks, so one length (and one compiled step) serves a setting's every prompt.
+# Slots: what the prompt and the reply need, doubled from MIN_SLOTS, at most the context in whole
+# BLOCKs (`slots`). Each length is one more compile of the step (tens of seconds at 7B on a GPU), and
+# each step attends over every slot (a 4096-slot cache at LLaVA-1.5-7B's shapes reads 2.1 GB a step
+# beside its 13.2 GB of weights), and a context can be 128K tokens (Qwen2.5-VL, Gemma 3: 18 GB of
+# cache for Gemma 3 4B): a 4K-context model compiles once; a longer chat compiles again each time it
+# doubles. A kept cache too short for the next turn moves its rows into a longer one (`lengthened`).
+MIN_SLOTS = 4096
 BLOCK = 256
 _told: set[str] = set()  # families already said to keep the dynamic cache
 
@@ -92,12 +99,19 @@ def takes_static_cache(model) -> bool:
 
 
 def cache_length(state: dict, prompt_tokens: int) -> int | None:
-    """Slots of the static cache for this generation, or None for the dynamic cache: the context
-    (`truncation_length`), or the prompt and the reply where they need more, in whole blocks."""
+    """Slots of the static cache for this generation (`slots`), or None for the dynamic cache."""
     if not enabled(state) or not takes_static_cache(shared.model):
         return None
-    needed = max(int(state["truncation_length"]), prompt_tokens + int(state["max_new_tokens"]))
-    return -(-needed // BLOCK) * BLOCK
+    return slots(int(state["truncation_length"]), prompt_tokens + int(state["max_new_tokens"]))
+
+
+def slots(context: int, needed: int) -> int:
+    """The first of MIN_SLOTS, twice that, ... that holds `needed` tokens, or the context (`truncation_length`)
+    in whole blocks where that is less, or `needed` in whole blocks where the context is too short."""
+    size = MIN_SLOTS
+    while size < needed:
+        size *= 2
+    return min(size, -(-max(context, needed) // BLOCK) * BLOCK)
 
 
 def usable_prefix(model, input_ids: torch.Tensor, reused: int) -> int:
@@ -118,8 +132,24 @@ def new_cache(length: int) -> WritePositionCache:
 
 
 def fits(cache: Cache, length: int | None) -> bool:
-    """Whether a kept `cache` is the kind this generation decodes with: a static one of `length`
-    slots (another length would compile the step again), or a dynamic one for None."""
+    """Whether a kept `cache` is the kind this generation decodes with: a static one of at least `length`
+    slots (a longer one is kept: its step is compiled already), or a dynamic one for None."""
     if length is None:
         return not isinstance(cache, WritePositionCache)
-    return isinstance(cache, WritePositionCache) and cache.length == length
+    return isinstance(cache, WritePositionCache) and cache.length >= length
+
+
+def lengthened(cache: Cache, length: int | None) -> Cache:
+    """`cache`, or where it is a static one shorter than `length`, a new one of `length` slots holding
+    its rows (the kept prefix stays kept: on a GPU a long chat's prefill costs tens of milliseconds)."""
+    if length is None or not isinstance(cache, WritePositionCache) or cache.length >= length:
+        return cache
+    longer = WritePositionCache(len(cache.layers), length)
+    for old, new in zip(cache.layers, longer.layers):
+        if old.is_initialized:
+            rows = int(old.cumulative_length)
+            new.lazy_initialization(old.keys, old.values)
+            new.keys[:, :, :rows].copy_(old.keys[:, :, :rows])
+            new.values[:, :, :rows].copy_(old.values[:, :, :rows])
+            new.cumulative_length.fill_(rows)
+    return longer

@@ -126,8 +126,60 @@ def test_the_two_copies_agree(host, family_folder):
 
     host.load(family_folder("llava"), ["multimodal"])
 
-    for name in ("DEFAULT_ON_CUDA", "FAMILIES", "MASK_FROM_TOKEN_TYPES", "BLOCK"):
+    for name in ("DEFAULT_ON_CUDA", "FAMILIES", "MASK_FROM_TOKEN_TYPES", "MIN_SLOTS", "BLOCK"):
         assert getattr(twin, name) == getattr(static_decode, name), name
-    for context, prompt, new in [(512, 100, 8), (512, 600, 8), (2048, 2047, 512)]:
+    for context, prompt, new in [(512, 100, 8), (512, 600, 8), (2048, 2047, 512), (4096, 100, 512),
+                                 (131072, 3000, 512), (131072, 5000, 512), (131072, 131000, 512)]:
         state = {"static_cache": True, "truncation_length": context, "max_new_tokens": new}
         assert static_decode.cache_length(state, prompt) == twin.cache_length(shared.model, True, context, prompt, new)
+
+
+def test_a_long_context_does_not_size_the_cache():
+    """Gemma 3 and Qwen2.5-VL have 128K-token contexts: the slots follow the chat, doubling as it grows."""
+    assert static_decode.slots(131072, 3000) == 4096
+    assert static_decode.slots(131072, 5000) == 8192
+    assert static_decode.slots(4096, 100) == 4096
+    assert static_decode.slots(2048, 100) == 2048  # never more than the context, in whole blocks
+    assert static_decode.slots(512, 600) == 768  # nor less than the prompt and the reply need
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_a_chat_that_outgrows_its_static_cache_keeps_its_prefix(host, family_folder, monkeypatch, family):
+    """Slots from 64, doubled: each turn needs more than the last had, so its cache is lengthened with
+    the kept rows (Gemma 3's sliding layers too), and every reply is still Hugging Face's."""
+    monkeypatch.setattr(static_decode, "MIN_SLOTS", 64)
+    host.load(family_folder(family), ["multimodal"])
+    prefix_cache.clear()
+    history, turns, lengths = chat.new_history(), [], []
+    with host_helpers.reused_tokens() as reused:
+        for text, picture in TURNS[:2] + [("Tell me more about the colours, the shapes and the light. " * 4, None)]:
+            reply, history = turn(text, picture, history, static=True)
+            lengths.append(prefix_cache._kept.cache.length)
+            turns.append((text, [png(*picture)] if picture else [], None))
+            assert reply == hf_reply(turns), (family, len(turns))
+            turns[-1] = (text, turns[-1][1], reply)
+    assert lengths == sorted(set(lengths)), f"each turn's cache is longer: {lengths}"
+    assert all(count > 0 for count in reused[1:]), f"a lengthened cache lost its prefix: {reused}"
+
+
+@pytest.mark.parametrize("twin", ["modules.static_decode", "extensions.multimodal.tgw.static_decode"])
+def test_a_lengthened_cache_holds_the_rows_and_writes_after_them(twin):
+    import importlib
+
+    import torch
+
+    module = importlib.import_module(twin)
+    torch.manual_seed(0)
+    cache = module.WritePositionCache(2, 8)
+    keys, values = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    for layer in range(2):
+        cache.update(keys, values, layer)
+    cache.crop(-1)  # the kept prefix: 4 rows
+    longer = module.lengthened(cache, 16)
+    assert longer.length == 16 and module.fits(longer, 16) and module.lengthened(longer, 16) is longer
+    step = torch.randn(1, 2, 1, 4)
+    for layer in range(2):
+        k, v = longer.update(step, step, layer)
+        assert torch.equal(k[:, :, :4], keys[:, :, :4]) and torch.equal(v[:, :, :4], values[:, :, :4])
+        assert torch.equal(k[:, :, 4:5], step) and not k[:, :, 5:].any()
+    assert int(longer.get_seq_length()) == 5

@@ -62,8 +62,8 @@ def generate_on_route(model, delegate: Callable, route: Callable, kwargs: dict, 
                       static_cache: bool | None = None, context: int = 0):
     """`delegate(**kwargs)` with text-generation-webui's inputs (`inputs`, `inputs_embeds`) replaced by
     the route's, and the kept KV cache where `caching`; the cache is kept again afterwards. A static
-    cache where `static_cache` (None: tgw/static_decode.py's default) and the family takes one, of
-    `context` (the state's truncation_length) slots or what the prompt and the reply need."""
+    cache where `static_cache` (None: tgw/static_decode.py's default) and the family takes one, sized by
+    what the prompt and the reply need, at most `context` (the state's truncation_length: `slots`)."""
     ids = kwargs.pop("inputs", None)
     prompt_embeds = kwargs.pop("inputs_embeds")[0]  # (n, hidden)
     static_length = static_decode.cache_length(model, static_cache, context, prompt_embeds.shape[0],
@@ -71,6 +71,7 @@ def generate_on_route(model, delegate: Callable, route: Callable, kwargs: dict, 
     cache, reused = prefix_cache.take(model, prompt_embeds, has_route=True) if caching else (None, 0)
     if not caching:
         prefix_cache.clear()
+    cache = static_decode.lengthened(cache, static_length)  # a static one too short for this turn
     if not static_decode.fits(cache, static_length):  # none yet, or one kept for the other kind of decoding
         cache = static_decode.new_cache(model, static_length) if static_length is not None \
             else prefix_cache.new_cache(model)

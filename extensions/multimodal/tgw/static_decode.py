@@ -30,6 +30,7 @@ except ImportError:  # transformers 4.x: no layered caches
 DEFAULT_ON_CUDA = False  # flip with modules/static_decode.py's, once a lent GPU shows it exact and faster
 FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "qwen2_5_vl", "gemma3"})
 MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
+MIN_SLOTS = 4096  # slots: the need doubled from this, at most the context (modules/static_decode.py says why)
 BLOCK = 256
 _told: set[str] = set()
 
@@ -76,12 +77,19 @@ def takes_static_cache(model) -> bool:
 
 
 def cache_length(model, setting: Optional[bool], context: int, prompt_tokens: int, new_tokens: int) -> Optional[int]:
-    """Slots of the static cache for this generation (the context, or the prompt and the reply where
-    they need more, in whole blocks), or None for the dynamic cache."""
+    """Slots of the static cache for this generation (`slots`), or None for the dynamic cache."""
     if not enabled(model, setting) or not takes_static_cache(model):
         return None
-    needed = max(context, prompt_tokens + new_tokens)
-    return -(-needed // BLOCK) * BLOCK
+    return slots(context, prompt_tokens + new_tokens)
+
+
+def slots(context: int, needed: int) -> int:
+    """The first of MIN_SLOTS, twice that, ... that holds `needed`, or the context in whole blocks where
+    that is less, or `needed` in whole blocks where the context is too short."""
+    size = MIN_SLOTS
+    while size < needed:
+        size *= 2
+    return min(size, -(-max(context, needed) // BLOCK) * BLOCK)
 
 
 def new_cache(model, length: int):
@@ -89,9 +97,26 @@ def new_cache(model, length: int):
 
 
 def fits(cache, length: Optional[int]) -> bool:
+    """A static cache of at least `length` slots (a longer one's step is compiled already), or a dynamic one for None."""
     if length is None:
         return WritePositionCache is None or not isinstance(cache, WritePositionCache)
-    return isinstance(cache, WritePositionCache) and cache.length == length
+    return isinstance(cache, WritePositionCache) and cache.length >= length
+
+
+def lengthened(cache, length: Optional[int]):
+    """`cache`, or where it is a static one shorter than `length`, a new one of `length` slots holding its rows."""
+    if length is None or WritePositionCache is None or not isinstance(cache, WritePositionCache) \
+            or cache.length >= length:
+        return cache
+    longer = WritePositionCache(len(cache.layers), length)
+    for old, new in zip(cache.layers, longer.layers):
+        if old.is_initialized:
+            rows = int(old.cumulative_length)
+            new.lazy_initialization(old.keys, old.values)
+            new.keys[:, :, :rows].copy_(old.keys[:, :, :rows])
+            new.values[:, :, :rows].copy_(old.values[:, :, :rows])
+            new.cumulative_length.fill_(rows)
+    return longer
 
 
 def usable_prefix(model, input_ids: torch.Tensor, reused: int) -> int:
