@@ -1,0 +1,73 @@
+"""The static cache's decode step as transformers compiles it: one graph, with no break, for every turn.
+
+On CUDA transformers compiles each decoding step's forward when the cache is static
+(`modules/static_decode.py`); CUDA graphs then replay it, and each graph break would leave Python
+between its pieces, each new graph a compile of tens of seconds. On a CPU it does not compile unless
+its compile config says `_compile_all_devices`: these tests set that, with the "eager" backend
+(TorchDynamo traces and guards as on a GPU; no C++ compiler needed), and run a chat of each family the
+static cache covers through the host: a picture, a text follow-up, a new picture. The prefix kept
+between turns by moving the cache's write position must not make another graph, and the replies
+are still Hugging Face's.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+from transformers import CompileConfig
+
+from modules import chat, prefix_cache, shared, static_decode
+from tests.test_static_decode import FAMILIES, TURNS, turn
+from tests.test_vlm_families_host import hf_reply, png
+
+CHAT = TURNS + [("And this last one?", (56, 40, 34))]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from nothing, and leaves no compiled code behind."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_everywhere() -> None:
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True  # transformers' own switch for compiling off CUDA
+    shared.model.generation_config.compile_config = config
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_turn_decodes_through_one_graph_without_breaks(host, tmp_path, family):
+    assert family in static_decode.FAMILIES
+    host.load(FAMILIES[family](tmp_path / family), ["multimodal"])
+    compiled_everywhere()
+    prefix_cache.clear()
+    history, turns = chat.new_history(), []
+    for text, picture in CHAT:
+        reply, history = turn(text, picture, history, static=True)
+        turns.append((text, [png(*picture)] if picture else [], None))
+        assert reply == hf_reply(turns), (family, len(turns))
+        turns[-1] = (text, turns[-1][1], reply)
+    assert isinstance(prefix_cache._kept.cache, static_decode.WritePositionCache)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_a_graph_break_in_the_step_is_seen(host, family_folder, monkeypatch):
+    """The counters above do see a break: one put into the cache's update."""
+    from transformers.cache_utils import StaticLayer
+
+    update = StaticLayer.update
+
+    def broken(self, *args, **kwargs):
+        torch._dynamo.graph_break()
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(StaticLayer, "update", broken)
+    host.load(family_folder("llava"), ["multimodal"])
+    compiled_everywhere()
+    turn(*TURNS[0], chat.new_history(), static=True)
+    assert counters["graph_break"]
