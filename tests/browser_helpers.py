@@ -158,8 +158,11 @@ def screenshot(page, name: str) -> Path:
 
 @contextmanager
 def greedy_server(model_dir: Path, folder: Path, max_new_tokens: int):
-    """`server.py --model model_dir` with greedy decoding and short replies; yields its URL."""
+    """`server.py --model model_dir` with greedy decoding and short replies, each token an update of the
+    page (a tiny model's reply takes a few milliseconds: within one update at the default 50 a second);
+    yields its URL."""
     settings = folder / "settings.yaml"
-    settings.write_text(f"max_new_tokens: {max_new_tokens}\nban_eos_token: true\ndo_sample: false\n")
+    settings.write_text(f"max_new_tokens: {max_new_tokens}\nban_eos_token: true\ndo_sample: false\n"
+                        "max_updates_second: 0\n")
     with server_process(["--model", str(model_dir), "--settings", str(settings)], folder / "server.log") as url:
         yield url

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -30,9 +31,10 @@ def llava_api(llava_dir):
         yield api
 
 
-def expected_chat_reply(user: str, max_new_tokens: int = 10, history=None, system: str = "") -> tuple[str, dict]:
+def expected_chat_reply(user: str, max_new_tokens: int = 10, history=None, system: str = "",
+                        **settings) -> tuple[str, dict]:
     """The host's own chat path, without HTTP: the oracle for the API."""
-    state = host_helpers.greedy_state(max_new_tokens=max_new_tokens, system_message=system)
+    state = host_helpers.greedy_state(max_new_tokens=max_new_tokens, system_message=system, **settings)
     history = history or chat.new_history()
     prompt = chat.generate_chat_prompt(user, state, history=history)
     reply = list(generate_reply(prompt, state, stopping_strings=chat.get_stopping_strings(state), is_chat=True))[-1]
@@ -81,7 +83,8 @@ def test_messages_become_turns():
     assert prefill.turns == [("a", [], "The answer is")] and prefill.continue_last
 
 
-def test_stream_adds_up_to_the_reply(llama_api):
+def test_stream_adds_up_to_the_reply(llama_api, monkeypatch):
+    monkeypatch.setitem(shared.settings, "max_updates_second", 0)  # a chunk a token: the tiny model is fast
     body = {"messages": [{"role": "user", "content": "Hello world"}], "stream": True,
             "stream_options": {"include_usage": True}, **GREEDY}
     with httpx.stream("POST", f"{llama_api.url}/chat/completions", json=body, timeout=60) as response:
@@ -98,6 +101,21 @@ def test_stream_adds_up_to_the_reply(llama_api):
     assert chunks[-2]["choices"][0]["finish_reason"] == stats["finish_reason"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == stats["completion_tokens"]
     assert len([c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]) > 1, "streams in pieces"
+
+
+def test_a_fast_stream_sends_at_most_max_updates_second_chunks(llama_api):
+    """At the default 50 updates a second, the tiny model's 64 tokens come a few to a chunk, the first at
+    once; the text is the reply's."""
+    assert shared.settings["max_updates_second"] == 50
+    body = {"messages": [{"role": "user", "content": "Hello world"}], "stream": True, **GREEDY, "max_tokens": 64,
+            "ban_eos_token": True}
+    started = time.perf_counter()
+    with httpx.stream("POST", f"{llama_api.url}/chat/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(p) for p in sse_payloads(response)[:-1]]
+    elapsed = time.perf_counter() - started
+    contents = [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert "".join(contents) == expected_chat_reply("Hello world", max_new_tokens=64, ban_eos_token=True)[0]
+    assert len(contents) <= elapsed * 50 + 3, (len(contents), elapsed)
 
 
 def test_stream_through_the_openai_client(llama_api):
