@@ -170,16 +170,27 @@ def test_a_completion_prompt_gets_the_local_engine_bos_and_reply(hosts):
 
 
 def test_streaming_sends_the_reply_in_pieces(hosts):
+    """A long reply (vLLM's CPU server on 2 busy cores sometimes sends a short one in one late burst, which
+    the host passes on as one chunk), in more than one piece, and the same text as unstreamed."""
     remote, _ = hosts
-    whole = outcome(chat(remote, CONVERSATIONS["describe"]))[0]
-    body = {"messages": CONVERSATIONS["describe"], "temperature": 0, "max_tokens": 24, "stream": True}
+    fields = {"max_tokens": 120, "ban_eos_token": True}
+    whole = outcome(chat(remote, CONVERSATIONS["describe"], **fields))[0]
+    tries = []
+    while len(tries) < 3 and (not tries or len(tries[-1]) < 2):
+        tries.append(streamed_pieces(remote, CONVERSATIONS["describe"], **fields))
+    print(f"pieces of the streamed reply, try by try: {[len(t) for t in tries]}")
+    assert len(tries[-1]) > 1 and "".join(tries[-1]) == whole
+
+
+def streamed_pieces(host, messages: list, **fields) -> list[str]:
+    body = {"messages": messages, "temperature": 0, "stream": True, **fields}
     pieces = []
-    with httpx.stream("POST", f"{remote.url}/chat/completions", json=body, timeout=120) as response:
+    with httpx.stream("POST", f"{host.url}/chat/completions", json=body, timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 delta = httpx.Response(200, content=line[6:]).json()["choices"][0]["delta"]
                 pieces.append(delta.get("content") or "")
-    assert len([p for p in pieces if p]) > 1 and "".join(pieces) == whole
+    return [p for p in pieces if p]
 
 
 def test_a_client_that_leaves_aborts_the_request_in_vllm(hosts, vllm):
