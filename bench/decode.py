@@ -22,7 +22,8 @@ tie (either token is right), not a defect. With `--compiled`, one more (untimed)
 columns records every step's token and top-two margin: where the static path leaves the dynamic
 one, both margins are reported (`ours_static.vs_ours`). On CUDA the JSON also gives each column's fraction of the
 memory-bandwidth limit: tokens/s x bytes of weights read per token (the language model without its
-input embeddings) / bandwidth (`--bandwidth` TB/s, else a table by GPU name).
+input embeddings) / bandwidth (`--bandwidth` TB/s, else a table by GPU name), and the same with the
+KV cache each step reads (`cache_slots_read`: a static cache is read whole, so its slots count).
 
     python bench/decode.py --runs 5                                        # the CPU proxy
     python bench/decode.py --size micro --new-tokens 256 --compiled --cpu-compile --runs 5   # host overhead
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import multiturn  # noqa: E402
-from modules import chat, logits_processor_loader, prefix_cache, shared  # noqa: E402
+from modules import chat, logits_processor_loader, prefix_cache, shared, static_decode  # noqa: E402
 from modules.logits_bridge import LogitsProcessorRunner  # noqa: E402
 from modules.logits_processors import LogitsProcessor  # noqa: E402
 
@@ -279,6 +280,23 @@ def weight_bytes_per_token() -> int:
     return total + (head.numel() * head.element_size() if head.data_ptr() != embed.data_ptr() else 0)
 
 
+def kv_bytes_per_slot() -> int:
+    """Bytes of keys and values one cached token holds across the language model's layers."""
+    text = shared.model.config.text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * shared.model.dtype.itemsize
+
+
+def slots_read(column: str, prompt_tokens: int, new_tokens: int) -> float:
+    """Cache slots one decode step attends over, on average over the reply: a dynamic cache holds the
+    tokens so far; a static one is read whole, HF's sized to the prompt and the reply, ours by the host."""
+    if column == "hf_static":
+        return prompt_tokens + new_tokens
+    if column == "ours_static":
+        return static_decode.slots(int(shared.settings["truncation_length"]), prompt_tokens + new_tokens)
+    return prompt_tokens + new_tokens / 2
+
+
 def bandwidth_tbps(args, name: str) -> float | None:
     if args.bandwidth is not None:
         return args.bandwidth
@@ -301,8 +319,11 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
                  "identity_vs_hf": identity(results[0]["reply"], *reference)}
         if "ttft_whole" in results[0]:
             entry["median_ttft_whole_prompt_ms"] = round(statistics.median(r["ttft_whole"] for r in results) * 1e3, 1)
+        entry["cache_slots_read"] = slots_read(column, out["prompt_tokens"], args.new_tokens)
         if bandwidth:
             entry["bandwidth_fraction"] = round(entry["median_tokens_per_s"] * per_token / (bandwidth * 1e12), 3)
+            with_cache = per_token + entry["cache_slots_read"] * kv_bytes_per_slot()
+            entry["bandwidth_fraction_with_cache"] = round(entry["median_tokens_per_s"] * with_cache / (bandwidth * 1e12), 3)
         out[column] = entry
     if steps is not None:  # static against dynamic, the same prefill chunks: only the cache differs
         out["ours_static"]["identical_to_ours"] = runs["ours_static"][0]["reply"] == runs["ours"][0]["reply"]
@@ -316,6 +337,7 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
     if bandwidth:
         out["bandwidth_tbps"] = bandwidth
         out["weight_gb_per_token"] = round(per_token / 1e9, 2)
+        out["kv_mb_per_slot"] = round(kv_bytes_per_slot() / 1e6, 3)
     return out
 
 
