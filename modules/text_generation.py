@@ -303,9 +303,11 @@ def stream_events(question: str, state: dict, stop_event: threading.Event) -> It
     arrived while the consumer was busy, or within the state's update interval, come as one list: it
     catches up with one update, not one per token."""
     events: queue.SimpleQueue = queue.SimpleQueue()
+    ended = threading.Event()
     done = compute_thread().submit(produce, question, state, stop_event, events)
+    done.add_done_callback(lambda _: ended.set())
     try:
-        for item in merged_tokens(events, update_interval(state)):
+        for item in merged_tokens(events, update_interval(state), ended):
             if isinstance(item, Exception):
                 raise item
             yield item
@@ -323,10 +325,13 @@ def update_interval(state: dict) -> float:
     return 1 / rate if rate > 0 else 0.0
 
 
-def merged_tokens(events: queue.SimpleQueue, interval: float = 0.0) -> Iterator[PromptReady | list[int] | Exception]:
+def merged_tokens(events: queue.SimpleQueue, interval: float = 0.0,
+                  ended: threading.Event | None = None) -> Iterator[PromptReady | list[int] | Exception]:
     """`events` in order until the None that ends them, consecutive token lists already queued merged into
     one. After a token list, the next is taken no sooner than `interval` seconds after it was handed out:
-    what arrived meanwhile comes merged."""
+    what arrived meanwhile comes merged. Once `ended` is set (the producer has put its last event) that
+    wait stops at once, so the reply's end is not held back by up to an interval."""
+    ended = ended or threading.Event()  # never set: the whole interval
     item = events.get()
     while item is not None:
         if not isinstance(item, list):
@@ -345,7 +350,7 @@ def merged_tokens(events: queue.SimpleQueue, interval: float = 0.0) -> Iterator[
         if item is _NOT_TAKEN:
             rest = interval - (time.perf_counter() - handed_out)
             if rest > 0:
-                time.sleep(rest)
+                ended.wait(rest)
             item = events.get()
 
 

@@ -95,3 +95,25 @@ def test_tokens_come_at_most_once_an_interval_the_first_at_once(interval):
         assert len(lists) <= elapsed / interval + 2, (len(lists), elapsed)
     else:
         assert len(lists) > 20, "without an interval the consumer wakes for (nearly) every token"
+
+
+def test_the_last_tokens_are_not_held_back_once_the_producer_ended():
+    """Tokens that came in the update interval after the last hand-out go out when the producer ends,
+    not when the interval does (here 5 s)."""
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    ended = threading.Event()
+
+    def produce():
+        q.put([0])
+        time.sleep(0.05)
+        q.put([1])
+        q.put(None)
+        ended.set()
+
+    producer = threading.Thread(target=produce)
+    started = time.perf_counter()
+    producer.start()
+    lists = list(merged_tokens(q, 5.0, ended))
+    elapsed = time.perf_counter() - started
+    producer.join()
+    assert lists == [[0], [1]] and elapsed < 2, elapsed
