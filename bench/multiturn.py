@@ -227,7 +227,8 @@ def multimodal():
 def set_caches(on: bool) -> None:
     """Caches on/off: image embeddings, tokenized text parts, prefix KV reuse."""
     from extensions.multimodal.core import prompt_encoding, served_model
-    from extensions.multimodal.core.embedding_cache import BoundedLRU, megabytes
+    from extensions.multimodal.core.bounded_lru import BoundedLRU
+    from extensions.multimodal.core.embedding_cache import megabytes
 
     embedder = served_model.embedder(multimodal().params)
     embedder.images.cache = BoundedLRU(megabytes(2048) if on else 0)

@@ -1,6 +1,7 @@
-"""Turn 1 with a new picture: decodes, processor runs and time, with the prepared picture kept from
-its layout for its embedding (`kept`, the default) and without (`not kept`: what every turn did
-before), side by side in one run.
+"""Turn 1 with a new picture: decodes, processor runs and time, side by side in one run: the product
+(`kept`: the pixels decoded to store the picture kept for its first read, and the prepared picture
+kept from its layout for its embedding), without the stored pixels (`upload's pixels not kept`: the
+picture is decoded to be stored and again to be laid out) and without either (`not kept`).
 
 Two checkpoints with random weights and real vision interfaces: llava-hf (LLaVA-1.5's CLIP-336
 processor: shortest edge 336, centre crop 336, patch 14, 576 image tokens) and Qwen2-VL (the hub's
@@ -12,9 +13,9 @@ repeat so no cache serves it.
 
 Turn 1, as this repository's host runs it: the upload (`history_images.history_tags`: the picture
 checked and stored as its tag), the prompt measured twice (`len_in_tokens`, as the chat and its
-truncation do), then embedded (`forward`). `not kept` is the same code with `embedding_cache_mb: 0`,
-which also bounds the store of laid-out pictures at 0 bytes: the picture is decoded and processed
-again when embedded, as before the change. Counted by wrappers here: full decodes
+truncation do), then embedded (`forward`). `upload's pixels not kept` bounds the codec's store of
+stored pictures' pixels at 0 bytes; `not kept` also sets `embedding_cache_mb: 0`, which bounds the
+store of laid-out pictures at 0 bytes: the picture is decoded and processed again when embedded. Counted by wrappers here: full decodes
 (`image_codec.decode_opened`) and processor runs (`process_images`); timed: the whole turn and the time
 inside those two (`cpu prep`).
 
@@ -30,6 +31,7 @@ Prints a table and writes `--json-out` (default bench/results/picture_once.json)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -51,7 +53,8 @@ from fixtures import host_helpers, tiny_models, tiny_processors, vlm_families  #
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 STATE = {"add_bos_token": True, "truncation_length": 32768, "max_new_tokens": 16}
-COLUMNS = {"kept": 256, "not kept": 0}  # embedding_cache_mb
+# Column -> (embedding_cache_mb, whether the codec keeps a stored picture's pixels for its first read).
+COLUMNS = {"kept": (256, True), "upload's pixels not kept": (256, False), "not kept": (0, False)}
 
 
 def build_llava(path: Path) -> Path:
@@ -172,16 +175,17 @@ def run_family(name: str, model_dir: Path, template: str, sizes: list, repeats: 
         route = {column: [] for column in COLUMNS}
         embedder_turn(MultimodalEmbedder(dict(script.params)), script.params, template, photo_jpeg((64, 48), 1))
         for _ in range(repeats):
-            for column, cache_mb in COLUMNS.items():  # interleaved, a new picture each time
+            for column, (cache_mb, stored_pixels) in COLUMNS.items():  # interleaved, a new picture each time
                 seed += 1
                 jpeg = photo_jpeg(size, seed)
                 embedder = MultimodalEmbedder({**script.params, "embedding_cache_mb": cache_mb})
                 counter.reset()
-                started = time.perf_counter()
-                result = embedder_turn(embedder, script.params, template, jpeg)
-                samples[column].append((time.perf_counter() - started, counter.seconds, dict(counter.counts),
-                                        result.image_tokens[0]))
-                with_route(script, route[column], counter, template, jpeg, column == "kept")
+                with codec_store(stored_pixels):
+                    started = time.perf_counter()
+                    result = embedder_turn(embedder, script.params, template, jpeg)
+                    samples[column].append((time.perf_counter() - started, counter.seconds, dict(counter.counts),
+                                            result.image_tokens[0]))
+                    with_route(script, route[column], counter, template, jpeg, cache_mb > 0)
         for column in COLUMNS:
             turn, prep, counts, tokens = (statistics.median(s[0] for s in samples[column]),
                                           statistics.median(s[1] for s in samples[column]),
@@ -191,6 +195,19 @@ def run_family(name: str, model_dir: Path, template: str, sizes: list, repeats: 
                          "route_processor_runs": route[column][-1][1],
                          "route_s": round(statistics.median(r[0] for r in route[column]), 3)})
     return rows
+
+
+@contextlib.contextmanager
+def codec_store(on: bool):
+    """The codec's store of stored pictures' pixels as the product has it, or bounded at 0 bytes."""
+    from extensions.multimodal.core import image_codec
+
+    product = image_codec._stored_pixels
+    image_codec._stored_pixels = product if on else image_codec.BoundedLRU(0)
+    try:
+        yield
+    finally:
+        image_codec._stored_pixels = product
 
 
 def with_route(script, samples: list, counter: Counter, template: str, jpeg: bytes, keep: bool) -> None:

@@ -115,3 +115,68 @@ def test_regex_reads_the_technical_description_s_tag_and_png():
     for near_miss in ('<img src="data:image/gif;base64,QUJD">', '<img src="data:image/jpeg;base64,QU"JD">',
                       "<img src='data:image/jpeg;base64,QUJD'>", '<img src="data:image/jpeg;base64,">'):
         assert image_codec.IMAGE_TAG_RE.search(near_miss) is None, near_miss
+
+
+DECODE = image_codec.decode_opened  # before a test counts its calls
+
+
+def fresh_decode(data: bytes) -> np.ndarray:
+    """The bytes decoded from scratch, past the pixels `store_bytes` keeps."""
+    return np.asarray(DECODE(image_codec.open_image(data)))
+
+
+def counted_decodes(monkeypatch) -> list:
+    calls = []
+    monkeypatch.setattr(image_codec, "decode_opened", lambda *a, **k: calls.append(1) or DECODE(*a, **k))
+    return calls
+
+
+def rotated_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to view
+    return encoded(noise_image(5, (40, 24)), "JPEG", exif=exif)
+
+
+STORED_FORMS = {"jpeg": lambda: encoded(noise_image(1), "JPEG"), "png": lambda: encoded(noise_image(2), "PNG"),
+                "rgba png": lambda: encoded(solid_image((0, 0, 255, 90), mode="RGBA"), "PNG"),
+                "webp (stored as png)": lambda: encoded(noise_image(3), "WEBP", lossless=True),
+                "gif (stored as png)": lambda: encoded(noise_image(4).convert("P"), "GIF"),
+                "exif-rotated jpeg": rotated_jpeg}
+
+
+@pytest.mark.parametrize("form", STORED_FORMS)
+def test_a_stored_picture_is_decoded_once_for_its_first_read(form, monkeypatch):
+    """The pixels decoded to store a picture serve the first read of its tag: what decoding the stored
+    bytes gives; later reads decode again, and a change to one read's picture reaches no other."""
+    decodes = counted_decodes(monkeypatch)
+    stored = store_bytes(STORED_FORMS[form]())
+    data = IMAGE_TAG_RE.fullmatch(stored.tag).group("data")
+    first = tag_b64_to_image(data)
+    assert len(decodes) == 1, "the first read took the pixels decoded when it was stored"
+    assert np.array_equal(np.asarray(first), fresh_decode(stored.data))
+    first.paste((0, 0, 0), (0, 0, first.width, first.height))
+    second = tag_b64_to_image(data)
+    assert len(decodes) == 2 and np.array_equal(np.asarray(second), fresh_decode(stored.data))
+
+
+def test_a_re_encoded_picture_is_read_from_its_stored_bytes(monkeypatch):
+    """The `jpeg` history format changes the pixels: the model sees those of the JPEG the history keeps."""
+    decodes = counted_decodes(monkeypatch)
+    stored = store_bytes(encoded(noise_image(6), "PNG"), history_format="jpeg")
+    read = tag_b64_to_image(IMAGE_TAG_RE.fullmatch(stored.tag).group("data"))
+    assert stored.changed and len(decodes) == 2  # stored, then its JPEG, read from scratch
+    assert np.array_equal(np.asarray(read), fresh_decode(stored.data))
+
+
+def test_a_kept_picture_over_a_lower_pixel_limit_is_still_refused():
+    data = encoded(noise_image(7, (64, 64)), "PNG")
+    store_bytes(data)
+    with pytest.raises(image_codec.ImageDecodeError, match="more than the limit of 1,000"):
+        decode_image_bytes(data, max_pixels=1000)
+
+
+def test_pictures_never_read_are_kept_within_a_bound(monkeypatch):
+    monkeypatch.setattr(image_codec, "_stored_pixels", image_codec.BoundedLRU(3 * 32 * 32 * 3))
+    for seed in range(10):
+        store_bytes(encoded(noise_image(seed), "PNG"))
+    assert len(image_codec._stored_pixels) == 3

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extensions.multimodal.core.embedding_cache import BoundedLRU
+from extensions.multimodal.core.bounded_lru import BoundedLRU
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, tag_b64_to_image
 from extensions.multimodal.core.multimodal_embedder import EmbeddingCountError
 from extensions.multimodal.core.prompt_parts import split_prompt
@@ -371,3 +371,4 @@ def test_bounded_lru_evicts_the_least_recently_used_by_bytes():
     disabled = BoundedLRU(max_bytes=0)
     disabled.put("a", 1, 1)
     assert len(disabled) == 0
+    assert cache.take("a") == 1 and cache.get("a") is None and cache.total_bytes == 4 and cache.take("a") is None

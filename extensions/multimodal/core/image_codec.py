@@ -26,6 +26,7 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from extensions.multimodal.core.bounded_lru import BoundedLRU
 from extensions.multimodal.core.defaults import DEFAULT_PARAMS
 
 # The tag the extension writes and reads: `<img src="data:image/jpeg;base64,...">` as the technical
@@ -36,6 +37,12 @@ TAG_TEMPLATE = '<img src="data:{mime};base64,{data}">'
 DATA_URL_PREFIX = "data:image/"  # how today's text-generation-webui hands pictures over
 
 DEFAULT_MAX_PIXELS = DEFAULT_PARAMS["max_image_pixels"]
+# A picture is decoded when it is stored (a broken one is refused at once) and again when its tag is
+# first read for the model, moments later: a phone photo's decode takes ~0.1 s on the way to the first
+# token. So `store_bytes` keeps the pixels it decoded, by the bytes stored, for that first read (taken,
+# not shared: a pipeline may modify its picture). Pictures never read are evicted past this size.
+STORED_PIXELS_BYTES = 160 * 2**20
+_stored_pixels = BoundedLRU(STORED_PIXELS_BYTES)
 JPEG_QUALITY = 90
 WHITE = (255, 255, 255)
 # How pictures are stored in the history (the `history_image_format` param).
@@ -120,6 +127,9 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "
 
 def decode_image_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
     """Any Pillow format -> a loaded, upright RGB image (the first frame of an animation)."""
+    stored = _stored_pixels.take(data)
+    if stored is not None and stored.width * stored.height <= max_pixels:
+        return stored
     return decode_opened(open_image(data, max_pixels, label), label)
 
 
@@ -227,7 +237,14 @@ def store_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = 
     picture raises ImageDecodeError now, not at generation time); `max_side` bounds the `jpeg` format."""
     image = open_image(data, max_pixels, label)
     pixels = decode_opened(image, label)
-    kept = KEPT_FORMATS.get(image.format)
+    stored = stored_as(data, KEPT_FORMATS.get(image.format), pixels, history_format, max_side)
+    if not stored.changed:  # its bytes decode to these pixels (a PNG written from them too)
+        _stored_pixels.put(stored.data, pixels, pixel_nbytes(pixels))
+    return stored
+
+
+def stored_as(data: bytes, kept: Optional[str], pixels: Image.Image, history_format: str,
+              max_side: Optional[int]) -> Stored:
     if check_history_format(history_format) == JPEG:
         if kept == "image/jpeg" and (max_side is None or max(pixels.size) <= max_side):
             return Stored(data, kept, changed=False)
@@ -235,6 +252,10 @@ def store_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = 
     if kept is not None:
         return Stored(data, kept, changed=False)
     return Stored(image_to_png_bytes(pixels), "image/png", changed=False)
+
+
+def pixel_nbytes(image: Image.Image) -> int:
+    return image.width * image.height * len(image.getbands())
 
 
 def store_image(image: Image.Image, history_format: str = EXACT, max_side: Optional[int] = None) -> Stored:

@@ -15,8 +15,8 @@ import torch
 
 from extensions.multimodal.abstract_pipeline import feature_rows
 from extensions.multimodal.core.defaults import max_image_pixels, with_defaults
-from extensions.multimodal.core.embedding_cache import (BoundedLRU, image_cache_key, megabytes, pipeline_context,
-                                                   tensor_nbytes)
+from extensions.multimodal.core.bounded_lru import BoundedLRU
+from extensions.multimodal.core.embedding_cache import image_cache_key, megabytes, pipeline_context, tensor_nbytes
 from extensions.multimodal.core.image_budget import Budget
 from extensions.multimodal.core.image_codec import b64_to_bytes, decode_image_bytes, image_label
 from extensions.multimodal.core.prompt_parts import PromptPart

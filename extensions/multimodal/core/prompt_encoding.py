@@ -25,7 +25,8 @@ from PIL import Image
 from extensions.multimodal.core import dropped_pictures, notices
 from extensions.multimodal.abstract_pipeline import AbstractMultimodalPipeline, ImageLayout, overrides
 from extensions.multimodal.core.defaults import DROPPED_IMAGES, max_image_pixels, wants_bos, with_defaults
-from extensions.multimodal.core.embedding_cache import BoundedLRU, megabytes, nbytes_of, tensor_nbytes
+from extensions.multimodal.core.bounded_lru import BoundedLRU
+from extensions.multimodal.core.embedding_cache import megabytes, nbytes_of, tensor_nbytes
 from extensions.multimodal.core.image_budget import Budget
 from extensions.multimodal.core.image_codec import image_for_counting, image_label, tag_b64_to_image
 from extensions.multimodal.core.loaded_model import model_device, tokenizer
