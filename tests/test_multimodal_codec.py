@@ -176,7 +176,8 @@ def test_a_kept_picture_over_a_lower_pixel_limit_is_still_refused():
 
 
 def test_pictures_never_read_are_kept_within_a_bound(monkeypatch):
-    monkeypatch.setattr(image_codec, "_stored_pixels", image_codec.BoundedLRU(3 * 32 * 32 * 3))
-    for seed in range(10):
-        store_bytes(encoded(noise_image(seed), "PNG"))
+    pictures = [encoded(noise_image(seed), "PNG") for seed in range(10)]
+    monkeypatch.setattr(image_codec, "_stored_pixels", image_codec.BoundedLRU(3 * (32 * 32 * 3 + max(map(len, pictures)))))
+    for data in pictures:
+        store_bytes(data)
     assert len(image_codec._stored_pixels) == 3

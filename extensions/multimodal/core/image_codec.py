@@ -239,7 +239,7 @@ def store_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = 
     pixels = decode_opened(image, label)
     stored = stored_as(data, KEPT_FORMATS.get(image.format), pixels, history_format, max_side)
     if not stored.changed:  # its bytes decode to these pixels (a PNG written from them too)
-        _stored_pixels.put(stored.data, pixels, pixel_nbytes(pixels))
+        _stored_pixels.put(stored.data, pixels, pixel_nbytes(pixels) + len(stored.data))
     return stored
 
 
