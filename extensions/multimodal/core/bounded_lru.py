@@ -33,11 +33,7 @@ class BoundedLRU:
     def take(self, key: Hashable) -> Optional[Any]:
         """The value stored under `key`, removed: the caller may modify it."""
         with self._lock:
-            entry = self._entries.pop(key, None)
-            if entry is None:
-                return None
-            self.total_bytes -= entry[1]
-            return entry[0]
+            return self._pop(key)
 
     def put(self, key: Hashable, value: Any, nbytes: int) -> None:
         """Store `value`; one larger than the whole budget is not stored at all."""
@@ -51,10 +47,12 @@ class BoundedLRU:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self.total_bytes -= evicted
 
-    def _pop(self, key: Hashable) -> None:
+    def _pop(self, key: Hashable) -> Optional[Any]:
         entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.total_bytes -= entry[1]
+        if entry is None:
+            return None
+        self.total_bytes -= entry[1]
+        return entry[0]
 
     def clear(self) -> None:
         with self._lock:
