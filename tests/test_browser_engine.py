@@ -110,10 +110,10 @@ def test_a_refused_picture_shows_vllms_reason_and_the_chat_goes_on(browser, chat
 def test_stop_ends_this_sessions_reply_only(browser, long_url, pictures):
     """Stop in one session ends that reply short of the 1900 tokens allowed, and the other session's reply
     runs on to all of them. On these 2 cores vLLM's CPU server sometimes streams a whole reply in one late
-    burst, before a click can land; so up to three tries, each in two fresh sessions. A Stop that did
-    nothing, or stopped both sessions, fails every try."""
+    burst, before a click can land (some runs here saw that on two tries in three); so up to five tries,
+    each in two fresh sessions. A Stop that did nothing, or stopped both sessions, fails every try."""
     outcomes = []
-    for _ in range(3):
+    for _ in range(5):
         outcomes.append(stop_one_of_two(browser, long_url, pictures))
         if outcomes[-1][0] < outcomes[-1][1]:
             break

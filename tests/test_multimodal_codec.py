@@ -6,11 +6,13 @@ from io import BytesIO
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from extensions.multimodal.core import image_codec
-from extensions.multimodal.core.image_codec import (IMAGE_TAG_RE, cap_size, decode_image_bytes, ordinal, store_bytes,
-                                               store_image, tag_b64_to_image)
+from extensions.multimodal.core.image_codec import (IMAGE_TAG_RE, cap_size, decode_image_bytes, find_tags, has_tag,
+                                               ordinal, store_bytes, store_image, tag_b64_to_image)
 from tests.multimodal_fake_pipeline import encoded, noise_image, solid_image, tag
 
 
@@ -25,6 +27,36 @@ def test_tags_have_the_exact_form_and_the_label_matches_the_bytes():
     assert jpeg.startswith('<img src="data:image/jpeg;base64,') and jpeg.endswith('">')
     assert tag_bytes(jpeg)[:3] == b"\xff\xd8\xff", "JPEG magic bytes under the jpeg label"
     assert png.startswith('<img src="data:image/png;base64,') and tag_bytes(png)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Pieces of tags and near-tags: find_tags must find exactly what the regular expression finds.
+TAG_PIECES = st.sampled_from(['<img src="data:', '<img src="data:image/', "image/jpeg", "image/png", "image/gif",
+                              ";base64,", '">', '"', ">", "<", "A", "z", "9", "+", "/", "=", "==", " ", "\n", "é",
+                              "-", "_", "<img", '<img src="data:image/jpeg;base64,', '<img src="data:image/png;base64,',
+                              '<img src="data:image/jpeg;base64,QUJD">'])
+
+
+def regex_tags(text: str) -> list:
+    return [(m.start(), m.end(), m.group("mime"), m.group("data")) for m in IMAGE_TAG_RE.finditer(text)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TAG_PIECES, max_size=40).map("".join))
+def test_find_tags_finds_what_the_tag_pattern_matches(text):
+    assert [tuple(tag) for tag in find_tags(text)] == regex_tags(text)
+    assert has_tag(text) == (IMAGE_TAG_RE.search(text) is not None)
+
+
+def test_find_tags_on_a_chat_with_real_tags_and_broken_ones():
+    real = [store_bytes(encoded(noise_image(seed), fmt)).tag for seed, fmt in ((1, "JPEG"), (2, "PNG"))]
+    broken = ['<img src="data:image/jpeg;base64,">', '<img src="data:image/jpeg;base64,QUJD>',
+              '<img src="data:image/jpeg;base64,QU JD">', '<img src="data:image/webp;base64,QUJD">',
+              '<img src="data:image/png;base64,QUJD"', '<img src="data:image/png;base64,QUJDé">']
+    text = (f"USER: {real[0]}{broken[0]} what?\n" + "".join(broken[1:]) +
+            f'\nUSER: <img src="data:image/{real[1]} and{broken[-1]}')  # a tag right after a broken head
+    found = list(find_tags(text))
+    assert [text[tag.start:tag.end] for tag in found] == real
+    assert [tuple(tag) for tag in found] == regex_tags(text)
 
 
 def test_the_jpeg_history_format_round_trip_keeps_the_pixels_close():

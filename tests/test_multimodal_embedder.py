@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from extensions.multimodal.core import prompt_encoding
 from extensions.multimodal.core.bounded_lru import BoundedLRU
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, tag_b64_to_image
 from extensions.multimodal.core.multimodal_embedder import EmbeddingCountError
@@ -332,6 +333,42 @@ def test_placeholder_images_are_neither_embedded_nor_decoded(llama):
     ids = result.input_ids
     n_images = result.images
     assert n_images == 2 and embedder.pipeline.batches == [1]
+
+
+def phone_sized_tag(seed: int) -> str:
+    """A picture whose tag, like a phone photo's, holds more than half the prompt memo's bound (PNG noise)."""
+    big = tag(noise_image(seed, (1100, 1100)), "PNG")
+    assert len(big) > prompt_encoding.MEMO_BYTES // 2
+    return big
+
+
+def counted(monkeypatch, function, name: str) -> list:
+    """Calls of `name`, as `function`'s module looks it up (tests reload extension modules)."""
+    calls, real = [], function.__globals__[name]
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(function.__globals__, name, wrapper)
+    return calls
+
+
+def test_large_pictures_are_laid_out_and_decoded_once_per_chat(llama, monkeypatch):
+    """Three phone-sized tags (more than the prompt memo holds as text) are laid out once, not at every
+    measure, and a picture whose embedding is cached is not decoded again to find its key."""
+    embedder = make("fake-varying", add_all_images_to_prompt=True)
+    prompt = "".join(f"turn {i} {phone_sized_tag(i)}" for i in range(3)) + " last question"
+    read_headers = counted(monkeypatch, type(embedder.prompts).image_layout, "image_for_counting")
+    decoded = counted(monkeypatch, type(embedder.images).embed_misses, "b64_to_bytes")
+    first = embedder.forward(prompt, state(truncation_length=4096))
+    assert (len(read_headers), len(decoded), first.stats.from_cache) == (3, 3, 0)
+    for _ in range(2):  # the next turns measure and embed the same pictures
+        assert embedder.len_in_tokens(prompt) == first.input_ids.shape[0]
+        again = embedder.forward(prompt, state(truncation_length=4096))
+    assert (len(read_headers), len(decoded), again.stats.from_cache) == (3, 3, 3)
+    assert torch.equal(again.inputs_embeds, first.inputs_embeds)
+    assert embedder.prompts.memo.total_bytes < 1024 * 1024, "the memo holds ids, not the pictures' text"
 
 
 def test_text_memo_returns_what_encode_returns(llama, monkeypatch):

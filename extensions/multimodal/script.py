@@ -98,7 +98,7 @@ import torch  # noqa: E402
 
 from extensions.multimodal.core import history_images, loaded_model, prompt_encoding, served_model  # noqa: E402
 from extensions.multimodal.core.defaults import DEFAULT_PARAMS, IMAGE_TOKENS, MESSAGE_IMAGES, MODEL_ROUTE  # noqa: E402
-from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, check_history_format, ordinal  # noqa: E402
+from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, check_history_format, has_tag, ordinal  # noqa: E402
 from extensions.multimodal.core.pipeline_loader import module_capability  # noqa: E402
 from extensions.multimodal.core.placeholder_ban import HFPlaceholderBan, placeholder_ids  # noqa: E402
 from extensions.multimodal.core.processor_loading import ProcessorLoadError  # noqa: E402
@@ -225,9 +225,9 @@ def custom_tokenized_length(prompt: str) -> Optional[int]:
     if tgw_engine_set():
         from extensions.multimodal.core.engine_prompt import measure
 
-        return measure(prompt, params) if IMAGE_TAG_RE.search(prompt) else None
+        return measure(prompt, params) if has_tag(prompt) else None
     if serving.processor_route(params):
-        if IMAGE_TAG_RE.search(prompt) is None:
+        if not has_tag(prompt):
             return None  # the host measures text itself (every host falls back on None)
         return int(serving.route_inputs(prompt, {}, params)["input_ids"].shape[-1])
     return served_model.embedder(params).len_in_tokens(prompt)
@@ -240,7 +240,7 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
 
         return prompt, remote_generation.open_reply(prompt, state, params), None
     tagged = media_to_tags(prompt, state, params) if MEDIA_MARKER in prompt else prompt
-    if IMAGE_TAG_RE.search(tagged) is None:
+    if not has_tag(tagged):
         return prompt, input_ids, input_embeds
     if serving.processor_route(params):
         return prompt, serving.processor_route_ids(tagged, state, params), None

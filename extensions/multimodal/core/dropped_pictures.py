@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
-from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import find_tags
 
 
 def history_turns(state: dict) -> list:
@@ -22,8 +22,8 @@ def history_pictures(state: dict) -> List[tuple[int, int, str]]:
     found = []
     for turn, exchange in enumerate(internal, start=1):
         user = exchange[0] if exchange else ""
-        for place, match in enumerate(IMAGE_TAG_RE.finditer(str(user or "")), start=1):
-            found.append((turn, place, match.group("data")))
+        for place, tag in enumerate(find_tags(str(user or "")), start=1):
+            found.append((turn, place, tag.data))
     return found
 
 

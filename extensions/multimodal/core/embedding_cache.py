@@ -1,9 +1,10 @@
 """Content-keyed caches: image embeddings (bounded in bytes) and tokenized text parts.
 
-- `image_cache_key(image_bytes, context)`: a hash of the image bytes plus everything else that
-  changes `embed_images`' result (`pipeline_context`: the pipeline's cache key, vision/projector
-  device and bits, the codec version). Two images with equal sizes but different pixels have
-  different bytes, hence different keys.
+- `image_cache_key(digest, context)`: a hash of the image's digest (`PromptPart.digest`, of its
+  base64 data) plus everything else that changes `embed_images`' result (`pipeline_context`: the
+  pipeline's cache key, vision/projector device and bits, the codec version). Two images with equal
+  sizes but different pixels have different bytes, hence different base64 and keys; a cached picture
+  is not decoded to find its key.
 - The caches are `BoundedLRU`s (`bounded_lru`), thread-safe: chat prompts are measured outside the
   generation lock, by several sessions at once.
 This module does not decide what to embed (`prompt_encoding` does) nor embed (`image_embedding` does).
@@ -43,11 +44,11 @@ def pipeline_context(pipeline, params: dict) -> str:
     return f"{type(pipeline).__module__}.{type(pipeline).__qualname__}|{key}|{settings}|codec={CODEC_VERSION}"
 
 
-def image_cache_key(image_bytes: bytes, context: str) -> str:
+def image_cache_key(image_digest: bytes, context: str) -> str:
     digest = hashlib.blake2b(digest_size=20)
     digest.update(context.encode("utf-8"))
     digest.update(b"\0")
-    digest.update(image_bytes)
+    digest.update(image_digest)
     return digest.hexdigest()
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 from extensions.multimodal.core import image_budget, served_model
 from extensions.multimodal.core.defaults import IMAGE_TOKENS, wants_bos
-from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
+from extensions.multimodal.core.image_codec import find_tags
 from extensions.multimodal.core.prompt_encoding import PromptEncoder, PromptTooLongError
 from extensions.multimodal.core.prompt_parts import count_images, n_tokens
 from modules.text_generation import get_max_prompt_length
@@ -27,7 +27,7 @@ _encoder: tuple = (None, None)  # (the embedder it counts for, a PromptEncoder t
 def engine_prompt(prompt: str, state: dict, params: dict) -> Optional[dict]:
     """`{"pieces": texts around the pictures, "images": data URLs, "placeholder", "processor_kwargs"}`,
     or None for a prompt without pictures. Records each picture's prompt tokens in `state[IMAGE_TOKENS]`."""
-    tags = list(IMAGE_TAG_RE.finditer(prompt))
+    tags = list(find_tags(prompt))
     if not tags:
         return None
     embedder = served_model.embedder(params)
@@ -46,8 +46,9 @@ def engine_prompt(prompt: str, state: dict, params: dict) -> Optional[dict]:
             f"(truncation_length - max_new_tokens) even with the last turn alone, and the engine takes whole turns: "
             f"send fewer or smaller pictures (a lower picture budget), or lower max_new_tokens.")
     state[IMAGE_TOKENS] = [n_tokens(part) for part in parts if part.is_image]
-    pieces = IMAGE_TAG_RE.split(prompt)[::3]  # split() also returns the pattern's two groups after each piece
-    return {"pieces": pieces, "images": [f"data:{tag.group('mime')};base64,{tag.group('data')}" for tag in tags],
+    pieces = [prompt[start:end] for start, end in zip([0] + [tag.end for tag in tags],
+                                                      [tag.start for tag in tags] + [len(prompt)])]
+    return {"pieces": pieces, "images": [f"data:{tag.mime};base64,{tag.data}" for tag in tags],
             "placeholder": placeholder, "processor_kwargs": pipeline.processor_kwargs(budget)}
 
 

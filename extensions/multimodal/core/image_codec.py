@@ -2,7 +2,8 @@
 
 The tag is defined here, once: `IMAGE_TAG_RE` reads it (named groups `mime` and `data`), `make_tag`
 writes it. The host learns it through the extension's `image_tag_pattern()` hook (to render images
-in the chat), never from a copy.
+in the chat), never from a copy. `find_tags` finds what `IMAGE_TAG_RE.finditer` finds, faster, for the
+prompts read at every turn (tests/test_multimodal_codec.py keeps the two equal).
 In: a base64 string found by `IMAGE_TAG_RE`, or raw bytes in any format Pillow reads (older
 histories hold PNG bytes under the jpeg label; the API hands over WebP, GIF, ...).
 Out: upright RGB images (alpha flattened onto white, EXIF orientation applied, first frame of an
@@ -21,7 +22,7 @@ import binascii
 import re
 from dataclasses import dataclass
 from io import BytesIO
-from typing import Optional
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -34,6 +35,8 @@ from extensions.multimodal.core.defaults import DEFAULT_PARAMS
 # and two MIME types: a match can never carry markup.
 IMAGE_TAG_RE = re.compile(r'<img src="data:(?P<mime>image/(?:jpeg|png));base64,(?P<data>[A-Za-z0-9+/=]+)">')
 TAG_TEMPLATE = '<img src="data:{mime};base64,{data}">'
+TAG_HEADS = tuple((mime, f'<img src="data:{mime};base64,') for mime in ("image/jpeg", "image/png"))
+BASE64_CHARACTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 DATA_URL_PREFIX = "data:image/"  # how today's text-generation-webui hands pictures over
 
 DEFAULT_MAX_PIXELS = DEFAULT_PARAMS["max_image_pixels"]
@@ -61,6 +64,49 @@ HIGH_BIT_DEPTH_MODES = {"I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
 class ImageDecodeError(ValueError):
     """An image that cannot be read: bad base64, not an image, truncated, too large, ..."""
     code = "invalid_image"  # hosts that answer with error codes (the API) use it
+
+
+class Tag(NamedTuple):
+    """One tag in a text: `text[start:end]` is the whole tag, `data` its base64 data."""
+    start: int
+    end: int
+    mime: str
+    data: str
+
+
+def find_tags(text: str) -> Iterator[Tag]:
+    """The tags `IMAGE_TAG_RE.finditer(text)` matches, in order. A chat prompt carries every picture of
+    the history, megabytes of base64 each, and is read several times per turn: the regular expression
+    checks the data a character at a time (~45 ms for 19 MB here), string searches and one
+    `bytes.translate` do it in ~8."""
+    position = 0
+    while (start := text.find('<img src="data:image/', position)) >= 0:
+        tag = tag_at(text, start)
+        if tag is None:
+            position = start + 1
+            continue
+        yield tag
+        position = tag.end
+
+
+def tag_at(text: str, start: int) -> Optional[Tag]:
+    """The tag `IMAGE_TAG_RE.match(text, start)` matches, or None: its head, then base64 characters up
+    to the first quote, which must close the tag."""
+    for mime, head in TAG_HEADS:
+        if text.startswith(head, start):
+            data_start = start + len(head)
+            quote = text.find('"', data_start)
+            if quote <= data_start or not text.startswith('">', quote):
+                return None
+            data = text[data_start:quote]
+            if data.isascii() and not data.encode("ascii").translate(None, BASE64_CHARACTERS):
+                return Tag(start, quote + 2, mime, data)
+            return None
+    return None
+
+
+def has_tag(text: str) -> bool:
+    return next(find_tags(text), None) is not None
 
 
 def make_tag(data: bytes, mime: str = "image/jpeg") -> str:

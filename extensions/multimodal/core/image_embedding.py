@@ -5,11 +5,12 @@ returned them: see `feature_rows`) and its embedding rows `(rows, hidden)`, chec
 placeholder count its ids hold. Pictures are decoded here only when they miss the cache and were not
 kept from laying them out (`PromptPart.picture`); what the pipeline prepared then
 (`ImageLayout.prepared`) goes back to it (`embed_images(..., prepared=[...])`). The cache key is the
-picture's bytes plus everything else that changes its rows (`pipeline_context`).
+picture's digest (of its base64 data: a cached picture is not decoded) plus everything else that
+changes its rows (`pipeline_context`).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -39,29 +40,27 @@ class ImageEmbedder:
             return 0
         context = pipeline_context(self.pipeline, self.params) + ("|one of several" if several else "") + \
             (f"|budget={budget.name}" if budget is not None else "")
-        data = [image_bytes(part) for part in parts]
-        keys = [image_cache_key(one, context) for one in data]
+        keys = [image_cache_key(part.digest, context) for part in parts]
         found: Dict[str, torch.Tensor] = {}
         for key in dict.fromkeys(keys):
             cached = self.cache.get(key)
             if cached is not None:
                 found[key] = cached
         from_cache = sum(1 for key in keys if key in found)
-        # One per distinct image: its part and its bytes.
-        misses = {key: (part, one) for key, part, one in zip(keys, parts, data) if key not in found}
+        misses = {key: part for key, part in zip(keys, parts) if key not in found}  # one part per distinct image
         if misses:
             found.update(self.embed_misses(misses, several, budget))
         for key, part in zip(keys, parts):
             part.features, part.embedding = found[key], feature_rows(found[key])
         return from_cache
 
-    def embed_misses(self, misses: Dict[str, Tuple[PromptPart, bytes]], several: bool,
+    def embed_misses(self, misses: Dict[str, PromptPart], several: bool,
                      budget: Optional[Budget]) -> Dict[str, torch.Tensor]:
-        """`misses`: per cache key, the image part and its bytes."""
-        parts = [part for part, _ in misses.values()]
+        """`misses`: per cache key, an image part."""
+        parts = list(misses.values())
         images = [part.picture if part.picture is not None else
-                  decode_image_bytes(data, max_image_pixels(self.params), image_label(part.index))
-                  for part, data in misses.values()]
+                  decode_image_bytes(image_bytes(part), max_image_pixels(self.params), image_label(part.index))
+                  for part in parts]
         kwargs = ({"several": True} if several else {}) | ({"budget": budget} if budget is not None else {})
         prepared = [part.layout.prepared if part.layout is not None else None for part in parts]
         if all(one is not None for one in prepared):  # only pipelines whose layouts prepared something get it back

@@ -111,7 +111,7 @@ class PromptEncoder:
         if not (embedded and (pixels or overrides(self.pipeline, "num_image_embeds_for"))):
             return ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds()))), None
         budget = budget if takes_budget(self.pipeline) else None
-        key = ("image layout", part.b64, several, budget)
+        key = ("image layout", part.digest, several, budget)
         layout = self.memo.get(key)
         if layout is not None:
             picture, prepared = self.laid_out.get(key) or (None, None)
@@ -120,10 +120,10 @@ class PromptEncoder:
         image = read(part.b64, max_image_pixels(self.params), image_label(part.index))
         if not pixels:
             layout = ImageLayout(self.placeholder_ids(int(self.pipeline.num_image_embeds_for(image))))
-            self.memo.put(key, layout, tensor_nbytes(layout.ids) + len(part.b64))
+            self.memo.put(key, layout, tensor_nbytes(layout.ids))
             return layout, None
         layout = self.layout_of(image, several, budget)
-        self.memo.put(key, replace(layout, prepared=None), tensor_nbytes(layout.ids) + len(part.b64))
+        self.memo.put(key, replace(layout, prepared=None), tensor_nbytes(layout.ids))
         self.laid_out.put(key, (image, layout.prepared), picture_nbytes(image) + nbytes_of(layout.prepared))
         return layout, image
 

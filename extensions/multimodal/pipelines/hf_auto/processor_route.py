@@ -16,7 +16,7 @@ from typing import Optional
 
 from transformers.feature_extraction_utils import BatchFeature
 
-from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, image_label, tag_b64_to_image
+from extensions.multimodal.core.image_codec import find_tags, image_label, tag_b64_to_image
 
 from .image_tokens import image_text
 
@@ -42,10 +42,10 @@ def processor_inputs(processor, prompt: str, add_bos: bool, max_pixels: int,
     """
     pieces, images = [], []
     last = 0
-    for index, match in enumerate(IMAGE_TAG_RE.finditer(prompt)):
-        pieces += [prompt[last:match.start()], image_text(processor)]
-        images.append(tag_b64_to_image(match.group("data"), max_pixels, image_label(index)))
-        last = match.end()
+    for index, tag in enumerate(find_tags(prompt)):
+        pieces += [prompt[last:tag.start], image_text(processor)]
+        images.append(tag_b64_to_image(tag.data, max_pixels, image_label(index)))
+        last = tag.end
     bos = processor.tokenizer.bos_token
     text = with_bos_rule("".join(pieces) + prompt[last:], bos, add_bos)
     return processor(text=[text], images=[images] if images else None,

@@ -1,0 +1,97 @@
+"""A chat that keeps phone photos: what each later turn costs, beside the same chat with small pictures.
+
+The history keeps every picture as sent, so a chat with phone photos carries megabytes of base64
+per picture into every later prompt. This runs one chat per picture size through this repository's
+host (`chat.generate_chat_reply`, the multimodal extension loaded as `server.py` loads it): four
+turns, each with a new photo-like JPEG, then four text-only turns, and prints per turn the time to
+the first token (TTFT) and the decodes and processor runs it did (counted by wrappers around the
+product's functions, as bench/picture_once.py counts them). After its turn, a picture should be
+neither decoded nor processed again: its ids and its embedding are kept (`embedding_cache_mb`).
+
+The model: llava-hf with LLaVA-1.5's real CLIP-336 processor, a tiny tower and language model
+(bench/picture_once.py's), random weights, 4 greedy new tokens a turn. Pictures: 640x480 and
+4032x3024 (a 12 MP phone camera's), quality 90.
+
+    python bench/photo_chat.py            # medians of 3 chats per size
+    python bench/photo_chat.py --smoke    # one chat per size
+
+Prints a table and one JSON object; the ratio is the text turns' TTFT with phone photos over small.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.picture_once import Counter, build_llava, machine, photo_jpeg  # noqa: E402
+from fixtures import host_helpers  # noqa: E402
+from modules import chat  # noqa: E402
+
+SIZES = {"small": (640, 480), "phone": (4032, 3024)}
+PICTURE_TURNS, TEXT_TURNS = 4, 4
+
+
+def turn(history: dict, text: str, images: list) -> tuple[float, dict]:
+    """(TTFT, history after the turn) for one greedy turn through the host's chat."""
+    state = host_helpers.greedy_state(history=history, max_new_tokens=4, ban_eos_token=True, truncation_length=8192,
+                                      message_images=images or None)
+    started, first, latest = time.perf_counter(), None, history
+    for latest in chat.generate_chat_reply(text, state, loading_message=False):
+        first = first if first is not None else time.perf_counter() - started
+    return first, latest
+
+
+def one_chat(size: tuple[int, int], seed: int, counter: Counter) -> list[dict]:
+    """Per turn: TTFT and the decodes and processor runs it did."""
+    history, rows = chat.new_history(), []
+    for index in range(PICTURE_TURNS + TEXT_TURNS):
+        images = [photo_jpeg(size, seed + index)] if index < PICTURE_TURNS else []
+        counter.reset()
+        ttft, history = turn(history, f"What is in picture {index + 1}?" if images else "And then?", images)
+        rows.append({"picture": bool(images), "ttft_s": ttft, **counter.counts})
+    return rows
+
+
+def medians(chats: list[list[dict]]) -> list[dict]:
+    return [{"picture": turns[0]["picture"], **{key: statistics.median(t[key] for t in turns)
+                                                for key in ("ttft_s", "decodes", "processor runs")}}
+            for turns in zip(*chats)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="one chat per size")
+    parser.add_argument("--chats", type=int, default=3)
+    args = parser.parse_args()
+    chats = 1 if args.smoke else args.chats
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = host_helpers.snapshot()
+        try:
+            host_helpers.load(build_llava(Path(tmp) / "llava"), ["multimodal"])
+            counter = Counter()
+            turn(chat.new_history(), "Warm up.", [photo_jpeg((64, 48), 1)])
+            results = {name: medians([one_chat(size, 100 * c, counter) for c in range(chats)])
+                       for name, size in SIZES.items()}
+        finally:
+            host_helpers.restore(saved)
+    print("turn | " + " | ".join(f"{name}: TTFT ms, decodes, processor runs" for name in SIZES))
+    for index, rows in enumerate(zip(*results.values())):
+        cells = [f"{row['ttft_s'] * 1000:.1f}, {row['decodes']:g}, {row['processor runs']:g}" for row in rows]
+        print(f"{index + 1}{' (picture)' if rows[0]['picture'] else ''} | " + " | ".join(cells))
+    text = {name: statistics.median(row["ttft_s"] for row in rows if not row["picture"])
+            for name, rows in results.items()}
+    print(json.dumps({"text_turn_ttft_ms": {name: round(value * 1000, 1) for name, value in text.items()},
+                      "phone_over_small": round(text["phone"] / text["small"], 1), "chats": chats,
+                      "model": "llava-hf, CLIP-336 processor, tiny", "machine": machine(),
+                      "turns": {name: rows for name, rows in results.items()}}))
+
+
+if __name__ == "__main__":
+    main()
