@@ -5,20 +5,31 @@ optionally notices to show under the chat. Out: one HTML string for a `gr.HTML` 
 
 Image tags are the loaded extensions' business: the `image_tag_pattern` hook gives their regex
 (the multimodal extension's, with named groups `mime` and `data`), and each match is rebuilt as an
-`<img>` from those two groups, escaped. A picture's cost caption (`IMAGE_CAPTION`, which the host
+`<img>` whose source is the picture's bytes, saved once in Gradio's upload folder and served by
+Gradio (`gradio_api/file=`): the chat is rendered again at every streamed update, and a phone photo's
+data is megabytes, which the page would otherwise receive again each time (tens of megabytes an
+update with a few photos). Data that is not valid base64 stays a data URL, which shows nothing.
+A message with pictures is rendered once (`RenderedMessages`). A picture's cost caption (`IMAGE_CAPTION`, which the host
 writes right after the tag in the visible text only) is shown under that picture. Every other piece
 of text, whatever it looks like, is shown as text. Visible text is stored HTML-escaped
 (text-generation-webui's convention), so each text run is unescaped once and escaped again: text
 stays readable, and a history file edited by hand cannot smuggle markup in. Without an extension
 that writes image tags, tags (and captions) show as text.
-This module does not decode images: the browser shows an `image/*` data URL as an image or not at
-all, it never runs it.
+This module does not decode images: the browser shows an `image/jpeg` or `image/png` file or data URL
+as an image or not at all, it never runs it.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import html
 import re
+import threading
+import urllib.parse
+from collections import OrderedDict
 from typing import Optional
+
+from gradio import processing_utils
 
 from modules.extensions import apply_extensions
 
@@ -66,15 +77,68 @@ def image_tag_pattern() -> Optional[re.Pattern]:
     return apply_extensions("image_tag_pattern")
 
 
+class RenderedMessages:
+    """Messages with pictures, rendered, by their text: bounded by the text they hold. The key is the
+    history's own string, so while the chat holds it nothing is copied."""
+
+    def __init__(self, max_chars: int):
+        self.max_chars, self.chars = max_chars, 0
+        self.entries: OrderedDict[tuple, str] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> Optional[str]:
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+            return self.entries.get(key)
+
+    def put(self, key: tuple, rendered: str) -> None:
+        with self.lock:
+            if key not in self.entries:
+                self.entries[key] = rendered
+                self.chars += len(key[0])
+            while self.chars > self.max_chars:
+                evicted, _ = self.entries.popitem(last=False)
+                self.chars -= len(evicted[0])
+
+
+RENDERED = RenderedMessages(max_chars=512 * 2**20)
+
+
+def picture_source(mime: str, data: str) -> str:
+    """Where the page loads a picture from: its bytes saved in Gradio's upload folder (named by their hash,
+    so saved once per picture), which Gradio serves at `gradio_api/file=` (relative: behind a proxy's
+    path too); a data URL when `data` is not valid base64."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return f"data:{mime};base64,{data}"
+    name = "picture.png" if mime == "image/png" else "picture.jpg"
+    path = processing_utils.save_bytes_to_cache(raw, name, processing_utils.get_upload_folder())
+    return "gradio_api/file=" + urllib.parse.quote(path)
+
+
 def render_text(visible: str) -> str:
     """HTML for one visible message: the extension's image tags as images, everything else as text."""
     pattern = image_tag_pattern()
-    pieces = []
+    if pattern is None:
+        return escape_text(visible)
+    key = (visible, pattern.pattern)
+    rendered = RENDERED.get(key)
+    if rendered is None:
+        rendered, pictures = render_pictures(visible, pattern)
+        if pictures:  # a message without pictures costs little to render again
+            RENDERED.put(key, rendered)
+    return rendered
+
+
+def render_pictures(visible: str, pattern: re.Pattern) -> tuple[str, int]:
+    """(the message's HTML, how many pictures it shows)."""
+    pieces, pictures = [], 0
     position = 0
-    for match in pattern.finditer(visible) if pattern is not None else ():
+    for pictures, match in enumerate(pattern.finditer(visible), start=1):
         pieces.append(escape_text(visible[position:match.start()]))
-        source = f"data:{match.group('mime')};base64,{match.group('data')}"
-        picture = f'<img src="{escape_plain(source)}" alt="image">'
+        picture = f'<img src="{escape_plain(picture_source(match.group("mime"), match.group("data")))}" alt="image">'
         position = match.end()
         caption = IMAGE_CAPTION_RE.match(visible, position)
         if caption is not None:  # only digits reach the attribute
@@ -82,7 +146,7 @@ def render_text(visible: str) -> str:
             position = caption.end()
         pieces.append(picture)
     pieces.append(escape_text(visible[position:]))
-    return "".join(pieces)
+    return "".join(pieces), pictures
 
 
 def strip_image_tags(text: str) -> str:

@@ -127,7 +127,7 @@ def llama_api(llama_dir):
 @pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium through Playwright (one per test module)."""
-    from tests.browser_helpers import chromium
+    from fixtures.browser_helpers import chromium
 
     with chromium() as b:
         yield b

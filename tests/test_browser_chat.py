@@ -4,7 +4,7 @@
 - Text that looks like HTML (`<script>`, `<img onerror>`, a PNG data-URL tag, a half tag) typed by
   the user, loaded from a history file, or produced as model output is shown as text and never runs:
   each payload would set `window.__pwned`, and the test asserts it stayed 0.
-Screenshots go to test-artifacts/. Helpers live in tests/browser_helpers.py.
+Screenshots go to test-artifacts/. Helpers live in fixtures/browser_helpers.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.browser_helpers import (greedy_server, CHROMIUM, PAYLOAD, assert_nothing_ran, free_port, open_chat, record_replies, screenshot, send, wait_for_http, wait_for_reply)
+from fixtures.browser_helpers import (greedy_server, CHROMIUM, PAYLOAD, assert_nothing_ran, free_port, open_chat, record_replies, screenshot, send, wait_for_http, wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} "
                                 "(apt-get install chromium, or set CHROMIUM_PATH)")

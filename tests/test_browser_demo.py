@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from modules import shared
-from tests.browser_helpers import (
+from fixtures.browser_helpers import (
     CHROMIUM,
     chromium,
     open_chat,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from tests.browser_helpers import CHROMIUM, open_chat, screenshot, send, server_process, wait_for_reply
+from fixtures.browser_helpers import CHROMIUM, open_chat, screenshot, send, server_process, wait_for_reply
 from tools.vllm_cpu.process import vllm_installed, vllm_server
 
 pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.browser_helpers import CHROMIUM, assert_nothing_ran, greedy_server, open_chat, screenshot, send, wait_for_reply
+from fixtures.browser_helpers import CHROMIUM, assert_nothing_ran, greedy_server, open_chat, screenshot, send, wait_for_reply
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 

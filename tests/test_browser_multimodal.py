@@ -8,12 +8,14 @@ Screenshots go to test-artifacts/.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urljoin
 
+import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.browser_helpers import (greedy_server, CHROMIUM, assert_nothing_ran, open_chat, screenshot, send,
+from fixtures.browser_helpers import (greedy_server, CHROMIUM, assert_nothing_ran, open_chat, screenshot, send,
                                      wait_for_reply)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
@@ -89,7 +91,8 @@ def test_an_uploaded_image_shows_in_the_history_and_a_reply_arrives(llava_server
     reply = wait_for_reply(page, 1)
     assert reply.strip() and "Generation failed" not in page.inner_text("#chat-history")
     user = page.locator("#chat-history .user").first
-    assert user.locator('img[src^="data:image/png;base64,"]').count() == 1  # a PNG upload stays PNG
+    source = user.locator("img").first.get_attribute("src")
+    assert source.endswith(".png") and served_bytes(page, source) == pictures["red"].read_bytes()  # as sent
     assert user.text_content().strip() == "What is in the picture?"
     assert [close(c, RED) for c in page.evaluate(IMAGE_COLORS)] == [True]
     # The input cleared after sending: nothing pending, and the next message carries no image.
@@ -99,6 +102,35 @@ def test_an_uploaded_image_shows_in_the_history_and_a_reply_arrives(llava_server
     send(page, "And now?")
     wait_for_reply(page, 2)
     assert page.locator("#chat-history .user").nth(1).locator("img").count() == 0
+    assert_nothing_ran(page)
+    page.context.close()
+
+
+def served_bytes(page, source: str) -> bytes:
+    """The bytes the page loads for an image source (relative to the page)."""
+    return page.request.get(urljoin(page.url, source)).body()
+
+
+def test_a_text_turn_after_a_large_photo_sends_the_page_little(llava_server, browser, tmp_path):
+    """The chat is rendered again at every streamed update; the page loads a picture once, by its address,
+    not its megabytes at every update (as data URLs did: tens of megabytes a turn with one photo)."""
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (900, 1200, 3), dtype=np.uint8)).save(photo)
+    assert photo.stat().st_size > 3_000_000
+    page = open_chat(browser, llava_server)
+    page.set_input_files(FILE_INPUT, [str(photo)])
+    wait_pending(page, 1)
+    send(page, "What is in the picture?")
+    wait_for_reply(page, 1)
+    source = page.locator("#chat-history .user img").first.get_attribute("src")
+    assert served_bytes(page, source) == photo.read_bytes()
+    received = []
+    network = page.context.new_cdp_session(page)
+    network.send("Network.enable")
+    network.on("Network.dataReceived", lambda event: received.append(event["dataLength"]))
+    send(page, "And now?")
+    wait_for_reply(page, 2)
+    assert 0 < sum(received) < 300_000, f"{sum(received)} bytes for a text turn of a few tokens"
     assert_nothing_ran(page)
     page.context.close()
 

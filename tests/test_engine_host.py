@@ -20,7 +20,7 @@ from modules.openai_engine import OpenAIChatEngine
 from modules.text_generation import request_params
 from server import LoginError, gradio_logins
 from fixtures.api_helpers import image_bytes, start_api
-from tests.browser_helpers import server_process
+from fixtures.browser_helpers import server_process
 from tools.vllm_cpu.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,14 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
+import urllib.parse
 from html.parser import HTMLParser
+from pathlib import Path
 
+import numpy as np
 import pytest
+from gradio import processing_utils
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -60,26 +65,64 @@ def images(markup: str) -> list[dict]:
     return [attrs for tag, attrs in Parsed(markup).elements if tag == "img"]
 
 
+SERVED = re.compile(r"gradio_api/file=(?P<path>[^\"?#]+\.(?:jpg|png))")
+
+
+def shown_bytes(src: str) -> bytes:
+    """The bytes the page loads for an image source: a file Gradio serves from its upload folder, or a
+    data URL's (where the data is not valid base64)."""
+    served = SERVED.fullmatch(src)
+    if served is None:
+        return base64.b64decode(src.split(",", 1)[1])
+    path = Path(urllib.parse.unquote(served.group("path")))
+    assert path.resolve().is_relative_to(Path(processing_utils.get_upload_folder()).resolve()), path
+    return path.read_bytes()
+
+
 def assert_inert(markup: str) -> None:
-    """No element but div/img, no event handler attribute, images only as JPEG or PNG data URLs."""
+    """No element but div/img, no event handler attribute, images only as JPEG or PNG files Gradio serves
+    from its upload folder, or JPEG or PNG data URLs."""
     for tag, attrs in Parsed(markup).elements:
         assert tag in ("div", "img"), f"unexpected element <{tag}> in {markup!r}"
         assert not any(name.startswith("on") for name in attrs), attrs
         if tag == "img":
-            assert set(attrs) == {"src", "alt"} and attrs["src"].startswith(("data:image/jpeg;base64,",
-                                                                              "data:image/png;base64,"))
+            assert set(attrs) == {"src", "alt"} and (SERVED.fullmatch(attrs["src"]) or attrs["src"].startswith(
+                ("data:image/jpeg;base64,", "data:image/png;base64,"))), attrs
 
 
 def test_exact_jpeg_tag_renders_as_an_image_between_text():
     markup = render_text(f"before {TAG} after")
-    assert images(markup) == [{"src": f"data:image/jpeg;base64,{B64}", "alt": "image"}]
+    assert [(a["src"].endswith(".jpg"), shown_bytes(a["src"]), a["alt"]) for a in images(markup)] == \
+        [(True, base64.b64decode(B64), "image")]
     assert Parsed(markup).text == "before [IMG] after"
     assert_inert(markup)
 
 
 def test_a_png_tag_renders_as_a_png_image():
     markup = render_text(f'<img src="data:image/png;base64,{B64}">')
-    assert images(markup) == [{"src": f"data:image/png;base64,{B64}", "alt": "image"}]
+    assert [(a["src"].endswith(".png"), shown_bytes(a["src"])) for a in images(markup)] == \
+        [(True, base64.b64decode(B64))]
+    assert_inert(markup)
+
+
+def test_a_chat_with_a_large_picture_renders_small_and_once(monkeypatch):
+    """The chat is rendered again at every streamed update: the page gets the picture's address, not its
+    megabytes, and the picture is saved once, not at every update."""
+    photo = base64.b64encode(np.random.default_rng(0).integers(0, 256, 3_000_000, dtype=np.uint8).tobytes()).decode()
+    history = {"visible": [[f'<img src="data:image/jpeg;base64,{photo}">What is it?', "A"]], "internal": [["", ""]]}
+    saved = []
+    real_save = processing_utils.save_bytes_to_cache
+    monkeypatch.setattr(processing_utils, "save_bytes_to_cache", lambda *args: saved.append(1) or real_save(*args))
+    for reply in ("A", "A photo", "A photo of"):
+        history["visible"][0][1] = reply
+        markup = chat_html_wrapper(history)
+        assert len(markup) < 1000 and Parsed(markup).text == f"[IMG]What is it?{reply}"
+    assert len(saved) == 1 and shown_bytes(images(markup)[0]["src"]) == base64.b64decode(photo)
+
+
+def test_a_tag_whose_data_is_not_base64_stays_a_data_url():
+    markup = render_text('<img src="data:image/jpeg;base64,AAAAA">')  # a length base64 cannot have
+    assert images(markup) == [{"src": "data:image/jpeg;base64,AAAAA", "alt": "image"}]
     assert_inert(markup)
 
 
@@ -93,8 +136,7 @@ def test_without_an_extension_that_writes_tags_they_show_as_text():
 def test_several_images_keep_their_order():
     other = jpeg_b64((10, 200, 10))
     markup = render_text(f'{TAG}<img src="data:image/jpeg;base64,{other}">text')
-    assert [a["src"][-len(B64):] for a in images(markup)][0] == B64
-    assert images(markup)[1]["src"].endswith(other)
+    assert [shown_bytes(a["src"]) for a in images(markup)] == [base64.b64decode(B64), base64.b64decode(other)]
     assert Parsed(markup).text == "[IMG][IMG]text"
 
 
