@@ -102,7 +102,8 @@ class RenderedMessages:
                 self.chars -= len(evicted[0])
 
 
-RENDERED = RenderedMessages(max_chars=512 * 2**20)
+# A live chat's messages are the history's own strings; this bounds what chats already gone leave held.
+RENDERED = RenderedMessages(max_chars=256 * 2**20)
 
 
 def picture_source(mime: str, data: str) -> str:

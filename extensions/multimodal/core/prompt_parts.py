@@ -33,7 +33,7 @@ class PromptPart:
     @cached_property
     def digest(self) -> bytes:
         """An image's identity for the caches: the SHA-256 of its base64 data. A key holding it, not the
-        data, stays small however large the picture (a phone photo's tag holds ~10 MB), and hashing the
+        data, stays small however large the picture (a phone photo's tag holds megabytes), and hashing the
         text costs less than decoding it (~7 ms for 10 MB)."""
         return hashlib.sha256(self.b64.encode("ascii")).digest()
 
