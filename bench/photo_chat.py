@@ -65,6 +65,15 @@ def medians(chats: list[list[dict]]) -> list[dict]:
             for turns in zip(*chats)]
 
 
+def print_turns(results: dict, columns: str, key: str, cell) -> dict:
+    """Prints one row per turn, the chats side by side (`cell(row)` each); returns per chat the median of
+    `key` over its text turns."""
+    print("turn | " + " | ".join(f"{name}: {columns}" for name in results))
+    for index, rows in enumerate(zip(*results.values())):
+        print(f"{index + 1}{' (picture)' if rows[0]['picture'] else ''} | " + " | ".join(cell(row) for row in rows))
+    return {name: statistics.median(row[key] for row in rows if not row["picture"]) for name, rows in results.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="one chat per size")
@@ -81,12 +90,8 @@ def main() -> None:
                        for name, size in SIZES.items()}
         finally:
             host_helpers.restore(saved)
-    print("turn | " + " | ".join(f"{name}: TTFT ms, decodes, processor runs" for name in SIZES))
-    for index, rows in enumerate(zip(*results.values())):
-        cells = [f"{row['ttft_s'] * 1000:.1f}, {row['decodes']:g}, {row['processor runs']:g}" for row in rows]
-        print(f"{index + 1}{' (picture)' if rows[0]['picture'] else ''} | " + " | ".join(cells))
-    text = {name: statistics.median(row["ttft_s"] for row in rows if not row["picture"])
-            for name, rows in results.items()}
+    text = print_turns(results, "TTFT ms, decodes, processor runs", "ttft_s",
+                       lambda row: f"{row['ttft_s'] * 1000:.1f}, {row['decodes']:g}, {row['processor runs']:g}")
     print(json.dumps({"text_turn_ttft_ms": {name: round(value * 1000, 1) for name, value in text.items()},
                       "phone_over_small": round(text["phone"] / text["small"], 1), "chats": chats,
                       "model": "llava-hf, CLIP-336 processor, tiny", "machine": machine(),

@@ -13,7 +13,6 @@ Prints a table and one JSON object; the ratio is the text turns' seconds with ph
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.photo_chat import print_turns  # noqa: E402
 from bench.picture_once import machine, photo_jpeg  # noqa: E402
 from fixtures.browser_helpers import chromium, open_chat, send, server_process, wait_for_reply  # noqa: E402
 
@@ -61,12 +61,7 @@ def main() -> None:
     settings.write_text("max_new_tokens: 48\nban_eos_token: true\ndo_sample: false\n")
     with server_process(["--settings", str(settings)], folder / "server.log") as url, chromium() as browser:
         results = {name: one_chat(browser, url, folder, size) for name, size in SIZES.items()}
-    print("turn | " + " | ".join(f"{name}: s, MB received" for name in SIZES))
-    for index, rows in enumerate(zip(*results.values())):
-        cells = [f"{row['seconds']}, {row['received_mb']}" for row in rows]
-        print(f"{index + 1}{' (picture)' if rows[0]['picture'] else ''} | " + " | ".join(cells))
-    text = {name: statistics.median(row["seconds"] for row in rows if not row["picture"])
-            for name, rows in results.items()}
+    text = print_turns(results, "s, MB received", "seconds", lambda row: f"{row['seconds']}, {row['received_mb']}")
     print(json.dumps({"text_turn_seconds": text, "phone_over_small": round(text["phone"] / text["small"], 2),
                       "jpeg_bytes": {name: len(photo_jpeg(size, 300)) for name, size in SIZES.items()},
                       "machine": machine(), "turns": results}))
