@@ -29,7 +29,6 @@ import urllib.parse
 from collections import OrderedDict
 from typing import Optional
 
-from gradio import processing_utils
 
 from modules.extensions import apply_extensions
 
@@ -114,6 +113,8 @@ def picture_source(mime: str, data: str) -> str:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         return f"data:{mime};base64,{data}"
+    from gradio import processing_utils  # here: the chat turn imports this module, and runs without Gradio
+
     name = "picture.png" if mime == "image/png" else "picture.jpg"
     path = processing_utils.save_bytes_to_cache(raw, name, processing_utils.get_upload_folder())
     return "gradio_api/file=" + urllib.parse.quote(path)

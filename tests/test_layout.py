@@ -8,6 +8,8 @@ loaders import modules by a name computed at run time.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -105,3 +107,14 @@ def test_fixtures_serve_tests_bench_and_tools_but_never_the_product():
     wrong += [(str(p.relative_to(ROOT)), "tests") for p in users if "tests" in imported_tops(p)]
     assert wrong == [], "the product imports no fixtures; fixtures, bench and tools import nothing from tests/"
     assert list((ROOT / "fixtures").rglob("test_*.py")) == [], "fixtures/ holds no test modules"
+
+
+def test_the_chat_turn_imports_without_gradio():
+    """Only the UI needs Gradio: the chat turn, the generation and the API run where it is not installed
+    (a GPU machine without it ran tools/gpu_check.sh through them, and failed when a module the chat turn
+    imports imported Gradio at its top)."""
+    code = ("import sys; sys.modules['gradio'] = None\n"
+            "from modules import chat, text_generation, html_generator\n"
+            "from modules.api import server")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
