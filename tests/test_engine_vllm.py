@@ -257,12 +257,13 @@ def test_a_seed_repeats_a_sampled_reply(hosts):
 def test_eight_chats_at_once_run_together_in_vllm(hosts, vllm):
     """A host that generated one reply at a time would never have more than one request in vLLM. On these
     2 cores vLLM's own API server sometimes holds new requests back while it streams others (sent to it
-    directly, the same happens), so a burst gets three tries to show all 8 running together."""
+    directly, the same happens), so a burst gets five tries to show all 8 running together (after the
+    file's other tests, runs here needed three to five, at 4941303 too, and sometimes five were not enough)."""
     remote, _ = hosts
     conversations = [[user("Describe the image.", image_bytes(colour, shape, 48))]
                      for colour in ("red", "blue") for shape in ("circle", "square", "triangle", "star")]
     tries = []
-    for _ in range(3):
+    for _ in range(5):
         tries.append(at_once(vllm, lambda m: chat(remote, m, max_tokens=1200, ban_eos_token=True), conversations))
         if tries[-1][1] >= 8:
             break
