@@ -2,7 +2,8 @@
 
 A llava-hf model (bench/multiturn.py's builders) holds a chat of four turns with two pictures, each
 reply `--new-tokens` long, written once by our host; then the fifth turn is answered `--runs` times
-by each column, interleaved (the order flips each run, so noise on a shared machine hits all alike):
+by each column, interleaved in pairs, the eager pair first (the order flips each run, so noise on a
+shared machine hits both alike):
   ours:        the host's real chat path (`chat.generate_chat_reply`, prefix KV reuse on), tokens/s
                from the first streamed token to the last, as the UI and the API receive them;
   hf:          `model.generate(**processor(whole chat))` with a streamer that only notes the time;
@@ -87,8 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def log(args, message: str) -> None:
-    if not args.json:
-        print(message, flush=True)
+    """Progress, on stderr with `--json` (stdout holds only the object): a run stopped by a time limit
+    (tools/gpu_check.sh's) still leaves each measured run's figures in its log."""
+    print(message, flush=True, file=sys.stderr if args.json else sys.stdout)
 
 
 # -- The chat ----------------------------------------------------------------------------------------
@@ -204,20 +206,23 @@ def columns(args) -> dict:
 
 
 def measure(args, history: dict) -> dict:
+    """Each pair of columns warmed up, then run interleaved: the eager pair first, so that a run stopped
+    while the static pair compiles has the eager figures already."""
     cols = columns(args)
-    for name, run in cols.items():  # warm-up: allocator, OpenMP team, and the compile of the static path
-        started = time.perf_counter()
-        run(history)
-        log(args, f"warm-up {name}: {time.perf_counter() - started:.1f} s")
     runs: dict[str, list[dict]] = {name: [] for name in cols}
-    order = list(cols)
-    for index in range(args.runs):
-        for name in (order if index % 2 == 0 else order[::-1]):
-            result = cols[name](history)
-            runs[name].append(result)
-            whole = f" (whole prompt {result['ttft_whole'] * 1e3:.1f} ms)" if "ttft_whole" in result else ""
-            log(args, f"run {index + 1} {name:>11}: ttft {result['ttft'] * 1e3:8.1f} ms{whole}, "
-                      f"{result['tps']:7.1f} tokens/s")
+    for pair in (["ours", "hf"], ["hf_static", "ours_static"]):
+        pair = [name for name in pair if name in cols]
+        for name in pair:  # warm-up: allocator, OpenMP team, and the compile of the static path
+            started = time.perf_counter()
+            cols[name](history)
+            log(args, f"warm-up {name}: {time.perf_counter() - started:.1f} s")
+        for index in range(args.runs):
+            for name in (pair if index % 2 == 0 else pair[::-1]):
+                result = cols[name](history)
+                runs[name].append(result)
+                whole = f" (whole prompt {result['ttft_whole'] * 1e3:.1f} ms)" if "ttft_whole" in result else ""
+                log(args, f"run {index + 1} {name:>11}: ttft {result['ttft'] * 1e3:8.1f} ms{whole}, "
+                          f"{result['tps']:7.1f} tokens/s")
     return runs
 
 

@@ -11,11 +11,17 @@ has no Hugging Face class and is compared with its own rows from the tower left 
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from fixtures import vlm_families
 from tools import families_on_device
 
+ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = [*vlm_families.FAMILIES, families_on_device.ORIGINAL]
 # One family per route (embeddings, 3-D positions, ids + features, cross-attention) and the original release.
 OTHER_WAY = ["llava", "qwen2_5_vl", "gemma3", "mllama", families_on_device.ORIGINAL]
@@ -45,3 +51,26 @@ def test_tower_in_float32_with_the_lm_in_bfloat16(host, tmp_path, name):
     result = check(name, tmp_path, ("cpu", "bf16"), ("cpu", "fp32"))
     if name != "mllama":
         assert result["tower"] == "float32@cpu"
+
+
+# The families whose towers PyTorch's lazy backend runs whole (fixtures/second_device.py): every route
+# but Qwen's 3-D positions, which CUDA checks (tools/gpu_check.sh's `vision` section).
+ON_A_SECOND_DEVICE = ["llava", "llava_next", "llava_onevision", "internvl", "gemma3", "mllama",
+                      families_on_device.ORIGINAL]
+
+
+def test_tower_on_another_device_than_the_lm(tmp_path):
+    """transformers' `generate` moves the forward's inputs to `model.device`, the tower's for most families:
+    found on an H100 with the language model on the CPU and the tower on cuda:0, where ten families failed."""
+    out = tmp_path / "second-device.json"
+    run = subprocess.run([sys.executable, str(ROOT / "fixtures" / "second_device.py"), "--lm", "cpu/fp32",
+                          "--vision", "lazy/fp32", "--json-out", str(out), *ON_A_SECOND_DEVICE],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.exists(), run.stderr[-3000:]
+    families = json.loads(out.read_text())["families"]
+    assert sorted(families) == sorted(ON_A_SECOND_DEVICE)
+    for name, result in families.items():
+        assert result["ok"], (name, result, run.stdout[-3000:])
+        assert result["tower"] == "float32@lazy", (name, result)
+        if name != families_on_device.ORIGINAL:
+            assert result["ours"] == result["hf"], (name, result)

@@ -12,6 +12,8 @@ section failed. Standard library and torch only (torch for the GPU's name).
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -84,8 +86,30 @@ def decode_figures(work: Path) -> dict:
     log = work / "decode.log"
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     skipped = sorted({l.split("skipping cudagraphs", 1)[1].strip()[:200] for l in lines if "skipping cudagraphs" in l})
-    return {"bench": last_json(log), "cudagraphs_skipped": skipped,
-            "recompiles": sum("Recompiling function" in l for l in lines)}
+    figures = {"bench": last_json(log), "cudagraphs_skipped": skipped,
+               "recompiles": sum("Recompiling function" in l for l in lines)}
+    if figures["bench"] is None:  # stopped before its JSON: the runs it logged
+        figures["runs_logged"] = logged_runs(lines)
+        figures["warm_up_s"] = {m[1]: float(m[2]) for m in map(WARM_UP.match, lines) if m}
+    return figures
+
+
+# bench/decode.py's progress lines: "run 1        ours: ttft    63.1 ms (whole ...), 24.1 tokens/s"
+RUN_LINE = re.compile(r"run \d+ +(\w+): ttft +([\d.]+) ms.*?([\d.]+) tokens/s$")
+WARM_UP = re.compile(r"warm-up (\w+): ([\d.]+) s$")
+
+
+def logged_runs(lines: list[str]) -> dict:
+    runs: dict = {}
+    for match in filter(None, map(RUN_LINE.match, lines)):
+        runs.setdefault(match[1], {"tokens_per_s": [], "ttft_ms": []})
+        runs[match[1]]["tokens_per_s"].append(float(match[3]))
+        runs[match[1]]["ttft_ms"].append(float(match[2]))
+    for column in runs.values():
+        column["median_tokens_per_s"] = statistics.median(column["tokens_per_s"])
+    if "ours" in runs and "hf" in runs:
+        runs["ratio_ours_vs_hf"] = round(runs["ours"]["median_tokens_per_s"] / runs["hf"]["median_tokens_per_s"], 3)
+    return runs
 
 
 def device_name(device: str) -> str:

@@ -22,6 +22,7 @@ from . import budget_kwargs, cross_attention, routes
 from .image_features import features_of, vision_parts
 from .image_tokens import image_token_id, process_images, tag_text, with_company
 from .processor_route import processor_inputs
+from .split_devices import align_devices
 
 # Families whose processor lays out a picture differently once the conversation holds several.
 SEVERAL_CHANGE_LAYOUT = ("llava_onevision",)
@@ -61,6 +62,9 @@ class TransformersPipeline(AbstractMultimodalPipeline):
             logger.info(f"{self._name}: vision tower and projector to {dtype} on {device}")
             for part in parts:
                 part.to(device=device, dtype=dtype)
+        if align_devices(self.model, parts, loaded_model.placement()[0], device):
+            logger.info(f"{self._name}: the language model takes its inputs on {loaded_model.placement()[0]}, "
+                        f"the tower on {device}")
         return device, dtype
 
     def name(self) -> str:
