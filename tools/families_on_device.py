@@ -4,6 +4,7 @@
     python tools/families_on_device.py --lm cpu/fp32 --vision cuda:0/16       # the tower on the GPU, the LM on the CPU
     python tools/families_on_device.py --lm cuda:0/bf16 --vision cuda:0/16    # tower fp16, LM bf16
     python tools/families_on_device.py --lm cpu/fp32 --vision cpu/bf16 gemma3 llava   # only these families
+    python tools/families_on_device.py --lm cuda:0/fp32 --static-cache       # the static cache, compiled on CUDA
 
 `--lm DEVICE/DTYPE` is where and in what dtype the language model is loaded (the whole checkpoint, as
 `from_pretrained(dtype=...)` then `.to(device)`: this host's loader has no fp32 on CUDA). `--vision
@@ -20,6 +21,11 @@ Where Hugging Face itself cannot run the mixed placement (SmolVLM casts no featu
 reported `reference_unavailable` with its error, not failed. The original release has no Hugging Face
 class: its image rows are compared with the same pipeline's rows with the tower unmoved (relative error
 below 6%, a 16-bit tower's rounding), and its reply must be non-empty.
+
+`--static-cache`: for the families `modules/static_decode.py` serves, a chat of three turns and the third
+asked again (`STATIC_TURNS`), prefix cache on, through our dynamic path and then through our static-cache
+path (which transformers compiles on CUDA), reply for reply; the dynamic path is the one the plain run
+checks against Hugging Face. A family passes when every reply is the same.
 
 Prints one line per family, then one JSON object: `{"ok": bool, "families": {name: {...}}}`. Exit 1 when
 any family failed: our turn raised, or our tokens differ from an available reference (where they do, the
@@ -47,7 +53,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modules import chat, extensions, logits_processor_loader, models, prefix_cache, shared  # noqa: E402
+from modules import chat, extensions, logits_processor_loader, models, prefix_cache, shared, static_decode  # noqa: E402
 
 NEW_TOKENS = 8
 QUESTION = "What is in the picture?"
@@ -208,6 +214,41 @@ def check(name: str, root: Path, lm: tuple[str, str], vision: tuple[str, str] | 
     return result
 
 
+# The static-cache chat: a picture, a text follow-up, a new picture, then the third turn asked again (its
+# cache cropped back into the second turn's), as tests/test_static_decode.py runs it on a CPU.
+STATIC_TURNS = [("What is in the picture?", (64, 48, 1)), ("And the colours?", None), ("And this one?", (48, 64, 2))]
+
+
+def static_chat(static: bool) -> tuple[list[str], float]:
+    """The replies of STATIC_TURNS through the host's chat, prefix cache on, and the seconds it took."""
+    from fixtures.vlm_families import png
+
+    prefix_cache.clear()
+    started, replies, history = time.perf_counter(), [], None
+    asked = STATIC_TURNS + STATIC_TURNS[-1:]
+    for index, (text, picture) in enumerate(asked):
+        if index == len(STATIC_TURNS):  # asked again: the history before the third turn
+            history = {key: turns[:-1] for key, turns in history.items()}
+        state = chat.new_state(history, do_sample=False, max_new_tokens=NEW_TOKENS, seed=0, static_cache=static,
+                               message_images=[png(*picture)] if picture else None)
+        history = list(chat.generate_chat_reply(text, state, loading_message=False))[-1]
+        replies.append(history["internal"][-1][1])
+    return replies, round(time.perf_counter() - started, 2)
+
+
+def check_static(name: str, root: Path, lm: tuple[str, str]) -> dict:
+    """Our static-cache path (compiled by transformers on CUDA) against our dynamic path, turn for turn;
+    the dynamic path is checked against Hugging Face's by `check`."""
+    load(build(name, root), lm, {})
+    dynamic, dynamic_s = static_chat(False)
+    static, static_s = static_chat(True)  # the first static turn waits for the compile
+    differing = [turn + 1 for turn, (a, b) in enumerate(zip(dynamic, static)) if a != b]
+    slots = static_decode.cache_length(chat.new_state(static_cache=True), 1)  # None: it kept the dynamic cache
+    return {"lm": f"{lm[1]}@{lm[0]}", "ok": not differing and slots is not None, "static_slots": slots,
+            "differing_turns": differing, "dynamic": dynamic,
+            "static": static, "seconds_dynamic": dynamic_s, "seconds_static_with_compile": static_s}
+
+
 def main() -> int:
     from fixtures import vlm_families
 
@@ -215,17 +256,22 @@ def main() -> int:
     parser.add_argument("families", nargs="*", help=f"default: every family and {ORIGINAL}")
     parser.add_argument("--lm", type=placement, default=("cpu", "fp32"), help="DEVICE/DTYPE of the language model")
     parser.add_argument("--vision", type=placement, default=None, help="DEVICE/BITS: the card's vision_device/vision_bits")
+    parser.add_argument("--static-cache", action="store_true",
+                        help="the static-cache families: our static path against our dynamic one over a chat")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     # Stopped from outside (tools/gpu_check.sh's time budget), say where every thread was.
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     names = args.families or [*vlm_families.FAMILIES, ORIGINAL]
+    if args.static_cache:
+        names = [name for name in names if name in static_decode.FAMILIES]
     torch.set_grad_enabled(False)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             try:
-                results[name] = check(name, Path(tmp), args.lm, args.vision)
+                results[name] = check_static(name, Path(tmp), args.lm) if args.static_cache \
+                    else check(name, Path(tmp), args.lm, args.vision)
             except Exception as error:  # noqa: BLE001 - one family's fault is that family's verdict
                 traceback.print_exc()
                 results[name] = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}

@@ -28,8 +28,13 @@
 #   decode    (115) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
 #                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
-#                   torch.compile said: CUDA graphs skipped (and why), recompiles
-# On the CPU the same sections run at tiny size (LM and tower on the CPU: fp32, and bf16 against fp32).
+#                   torch.compile said: CUDA graphs skipped (and why), recompiles. Each run is logged as it ends
+#                   (the eager pair first): a section stopped while compiling still reports those rates
+#   static    (90)  not in the 8 minutes: a second call, SECTIONS=static. Each family the static cache serves
+#                   (modules/static_decode.py), in fp32 on cuda:0: a chat of three turns and one asked again,
+#                   prefix cache on, our static path (compiled by transformers) against our dynamic path, reply
+#                   for reply (tools/families_on_device.py --static-cache): what DEFAULT_ON_CUDA waits for
+# On the CPU the same sections, static too, run at tiny size (LM and tower on the CPU: fp32, and bf16 against fp32).
 #
 # What travels: the working tree and `.gpu/` (the device machine has no network and no ../shared):
 #   .gpu/whl-project  transformers 5.23.0 (this project's pin; the machine has 5.17) and num2words (SmolVLM)
@@ -83,19 +88,21 @@ if [ -n "$PREPARE" ]; then prepare; exit; fi
 
 W=${GPU_CHECK_WORK:-/tmp/gpu_check}
 rm -rf "$W" && mkdir -p "$W"
-# The real-size model folder (LLaVA-1.5-7B's shapes, saved in float32) lives outside $W: a second run on the same
+# The real-size model folder (LLaVA-1.5-7B's shapes, saved in float16) lives outside $W: a second run on the same
 # machine reuses it.
 export REAL_MODEL=${REAL_MODEL:-/tmp/gpu_check_real_model}
 export W DEVICE ROOT HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False PYTHONUNBUFFERED=1
 STARTED=$(date +%s)
 if [ "$DEVICE" = cuda ]; then
   TOTAL_BUDGET=${TOTAL_BUDGET:-480}
-  declare -A BUDGET=([setup]=20 [families]=35 [vision]=40 [tgw]=50 [multiturn]=220 [decode]=115)
+  declare -A BUDGET=([setup]=20 [families]=35 [vision]=40 [tgw]=50 [multiturn]=220 [decode]=115 [static]=90)
+  DEFAULT_SECTIONS="families vision tgw multiturn decode"
   export PY=python3 TGW_PY=python3 SITE_PROJECT=$W/site-project SITE_TGW=$W/site-tgw HARNESS=$GPU_DIR/tgw
   export LM_DEVICE=cuda:0
 else  # the dry run: this repository's venv, and the harness's venv for text-generation-webui's head
   TOTAL_BUDGET=${TOTAL_BUDGET:-1500}
-  declare -A BUDGET=([setup]=20 [families]=240 [vision]=300 [tgw]=420 [multiturn]=300 [decode]=300)
+  declare -A BUDGET=([setup]=20 [families]=240 [vision]=300 [tgw]=420 [multiturn]=300 [decode]=300 [static]=120)
+  DEFAULT_SECTIONS="families vision tgw multiturn decode static"
   PY=${PYTHON:-$ROOT/.venv/bin/python}; [ -x "$PY" ] || PY=python3
   export PY TGW_PY=${TGW_PYTHON:-/tmp/tgw_venv_head/bin/python} SITE_PROJECT= SITE_TGW=
   export HARNESS=${TGW_HARNESS:-$ROOT/../shared/tgw} LM_DEVICE=cpu
@@ -119,6 +126,10 @@ sec_setup() {  # the carried wheels, installed beside the machine's packages (wh
 
 sec_families() {
   project_py tools/families_on_device.py --lm "$LM_DEVICE/fp32" --json-out "$W/families.json"
+}
+
+sec_static() {
+  project_py tools/families_on_device.py --lm "$LM_DEVICE/fp32" --static-cache --json-out "$W/static.json"
 }
 
 sec_vision() {  # each placement in its own process, side by side; the section fails if one does
@@ -199,11 +210,11 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
   fi
 }
 
-export -f whole_model_or_none project_py tgw_py sec_setup sec_families sec_vision sec_tgw tgw_run sec_multiturn sec_decode
+export -f whole_model_or_none project_py tgw_py sec_setup sec_families sec_static sec_vision sec_tgw tgw_run sec_multiturn sec_decode
 export GPU_DIR
 
 failed=0
-for name in setup ${SECTIONS:-families vision tgw multiturn decode}; do
+for name in setup ${SECTIONS:-$DEFAULT_SECTIONS}; do
   left=$((TOTAL_BUDGET - ($(date +%s) - STARTED)))
   budget=${BUDGET[$name]:-60}; [ "$budget" -le "$left" ] || budget=$left
   start=$(date +%s)

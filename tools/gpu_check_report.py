@@ -50,6 +50,10 @@ def family_verdicts(path: Path) -> dict | None:
             verdicts[name] = f"ours ran; Hugging Face cannot: {result['reference_unavailable'][:120]}"
         elif "hf_top2_margin" in result:
             verdicts[name] = f"an exact tie of Hugging Face's top two at step {result['first_differing_step']}, broken the other way"
+        elif "static_slots" in result:
+            verdicts[name] = (f"static cache ({result['static_slots']} slots): every reply the dynamic path's; "
+                              f"{result['seconds_static_with_compile']} s (its first turn compiles, on CUDA), "
+                              f"{result['seconds_dynamic']} s dynamic")
         elif "relative_row_error" in result:
             verdicts[name] = f"rows within {result['relative_row_error']} of the unmoved tower's; tower {result['tower']}"
         else:
@@ -134,6 +138,7 @@ def main() -> int:
     figures = {
         "setup": lambda: {"log": (work / "setup.log").read_text(errors="replace").splitlines()[-4:]},
         "families": lambda: family_verdicts(work / "families.json"),
+        "static": lambda: family_verdicts(work / "static.json"),
         "vision": lambda: [family_verdicts(p) for p in sorted(work.glob("vision-*.json"))],
         "tgw": lambda: tgw_figures(work),
         "decode": lambda: decode_figures(work),
