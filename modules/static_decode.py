@@ -82,7 +82,9 @@ def enabled(state: dict) -> bool:
     if setting is None and shared.args.static_cache:
         setting = True
     if setting is None:
-        return DEFAULT_ON_CUDA and shared.model.device.type == "cuda"
+        # The language model's device: `model.device` is the first parameter's, for most families the
+        # vision tower's, which the card's vision_device may put on a GPU beside a language model on the CPU.
+        return DEFAULT_ON_CUDA and shared.model.get_input_embeddings().weight.device.type == "cuda"
     return bool(setting)
 
 

@@ -60,7 +60,8 @@ else:
 
 def enabled(model, setting: Optional[bool]) -> bool:
     if setting is None:
-        return DEFAULT_ON_CUDA and model.device.type == "cuda"
+        # The language model's device, not `model.device` (the first parameter's: often the vision tower's).
+        return DEFAULT_ON_CUDA and model.get_input_embeddings().weight.device.type == "cuda"
     return bool(setting)
 
 
