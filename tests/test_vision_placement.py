@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fixtures import vlm_families
 from tools import families_on_device
@@ -74,3 +75,32 @@ def test_tower_on_another_device_than_the_lm(tmp_path):
         assert result["tower"] == "float32@lazy", (name, result)
         if name != families_on_device.ORIGINAL:
             assert result["ours"] == result["hf"], (name, result)
+
+
+def test_the_device_hooks_are_placed_once_and_dropped_when_the_devices_agree(tmp_path):
+    """A pipeline built again for the same model (a setting changed) re-places its hooks rather than
+    stacking them, and leaves a hook it did not place (a model dispatched by accelerate) alone."""
+    from accelerate.hooks import AlignDevicesHook, SequentialHook, add_hook_to_module
+    from transformers import AutoModelForImageTextToText
+
+    from extensions.multimodal.pipelines.hf_auto.image_features import vision_parts
+    from extensions.multimodal.pipelines.hf_auto.split_devices import SplitDevicesHook, align_devices
+
+    model = AutoModelForImageTextToText.from_pretrained(vlm_families.build_llava(tmp_path / "llava")).eval()
+    parts = vision_parts(model)
+    ids = torch.tensor([[1, 5, 6, 7]])
+    before = model(input_ids=ids).logits
+    theirs = AlignDevicesHook(io_same_device=True)
+    add_hook_to_module(model, theirs)
+    cpu, other = torch.device("cpu"), torch.device("meta")  # nothing runs on the other device here
+
+    assert align_devices(model, parts, cpu, other) and align_devices(model, parts, cpu, other)
+    assert isinstance(model._hf_hook, SequentialHook)
+    first, second = model._hf_hook.hooks  # accelerate's chain, not one nested in another
+    assert first is theirs and isinstance(second, SplitDevicesHook)
+    assert all(isinstance(part._hf_hook, SplitDevicesHook) for part in parts)
+
+    assert not align_devices(model, parts, cpu, cpu)
+    assert model._hf_hook is theirs
+    assert not any(hasattr(part, "_hf_hook") for part in parts)
+    assert torch.equal(model(input_ids=ids).logits, before)

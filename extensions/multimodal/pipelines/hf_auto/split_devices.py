@@ -41,8 +41,12 @@ def align_devices(model: torch.nn.Module, parts: list[torch.nn.Module], lm_devic
 
 
 def drop_ours(module: torch.nn.Module) -> None:
+    """The module's forward without the hooks placed here; any other hook stays, unwrapped where it is
+    left alone (else each new pipeline for the model would nest the chain one level deeper)."""
     hook = getattr(module, "_hf_hook", None)
     if isinstance(hook, SplitDevicesHook):
         remove_hook_from_module(module)
     elif isinstance(hook, SequentialHook):
-        hook.hooks = tuple(h for h in hook.hooks if not isinstance(h, SplitDevicesHook))
+        rest = [h for h in hook.hooks if not isinstance(h, SplitDevicesHook)]
+        # accelerate's wrapped forward reads `_hf_hook` at each call: replacing it is enough.
+        module._hf_hook = rest[0] if len(rest) == 1 else SequentialHook(*rest)
