@@ -12,7 +12,6 @@ Where vLLM is not installed the module is skipped, except in CI (CI=true), where
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import signal
