@@ -38,11 +38,15 @@ MESSAGES = [{"role": "user", "content": [{"type": "image_url", "image_url": {"ur
                                          {"type": "text", "text": "What shape is this?"}]}]
 
 
+def start_engine(port: int):
+    return start_vllm(ARTIFACTS / "vllm.log", port, extra=("--api-key", KEY))
+
+
 @pytest.fixture(scope="module")
 def engine():
     """A holder for the current vLLM process (tests restart it on the same port)."""
     port = free_port()
-    holder = {"port": port, "server": start_vllm(ARTIFACTS / "vllm.log", port, extra=("--api-key", KEY))}
+    holder = {"port": port, "server": start_engine(port)}
     yield holder
     holder["server"].stop()
 
@@ -110,7 +114,7 @@ def whole(events: list[dict]) -> bool:
 
 def restart(engine) -> None:
     engine["server"].stop()
-    engine["server"] = start_vllm(ARTIFACTS / "vllm.log", engine["port"], extra=("--api-key", KEY))
+    engine["server"] = start_engine(engine["port"])
 
 
 def test_an_engine_killed_mid_reply_then_down_then_back(host, engine):
