@@ -9,7 +9,11 @@ shared machine hits both alike):
   hf:          `model.generate(**processor(whole chat))` with a streamer that only notes the time;
   hf_static:   (`--compiled`) the same with `cache_implementation="static"`: on CUDA transformers
                compiles the decode step; on a CPU it does not (a static cache, eager);
-  ours_static: (`--compiled`) our host with its static-cache setting (`--static-cache`).
+  ours_static: (`--compiled`) our host with its static-cache setting (`--static-cache`);
+  hf_static_our_slots: (`--equal-slots`, with `--compiled`) hf_static with a static cache of as many
+               slots as ours (`static_decode.slots`, at least 4096) instead of the prompt's and the
+               reply's: each step attends over every slot, so this tells the host's work per step
+               from the cost of a longer cache (one more compile on CUDA).
 Greedy decoding everywhere; EOS and the image placeholder are banned in every column.
 
 Sizes: `--size small --text-layers 2` (default) is the overhead-bound proxy (width 768, 2 layers: a
@@ -28,6 +32,7 @@ KV cache each step reads (`cache_slots_read`: a static cache is read whole, so i
 
     python bench/decode.py --runs 5                                        # the CPU proxy
     python bench/decode.py --size micro --new-tokens 256 --compiled --cpu-compile --runs 5   # host overhead
+    python bench/decode.py --size micro --new-tokens 512 --compiled --cpu-compile --equal-slots --runs 5
     python bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --compiled --json
 """
 from __future__ import annotations
@@ -42,7 +47,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig
+from transformers import CompileConfig, StaticCache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -72,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also HF generate(cache_implementation='static') and our host's --static-cache")
     parser.add_argument("--cpu-compile", action="store_true",
                         help="with --compiled on a CPU: transformers compiles the static columns' decode step")
+    parser.add_argument("--equal-slots", action="store_true",
+                        help="with --compiled: also HF's compiled static path with a cache as long as ours")
     parser.add_argument("--bandwidth", type=float, default=None, help="the GPU's memory bandwidth in TB/s")
     parser.add_argument("--model-dir", type=str, default=None, help="keep the model folder here (reused when present)")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
@@ -202,22 +209,35 @@ def columns(args) -> dict:
         cols["hf_static"] = lambda h: multiturn.on_compute_thread(
             lambda hh: run_hf(args, hh, cache_implementation="static"), h)
         cols["ours_static"] = lambda h: run_ours(args, h, static_cache=True)
+    if args.compiled and args.equal_slots:
+        cols["hf_static_our_slots"] = lambda h: multiturn.on_compute_thread(
+            lambda hh: run_hf(args, hh, past_key_values=cache_of_our_length(args, hh)), h)
     return cols
 
 
+def cache_of_our_length(args, history: dict) -> StaticCache:
+    """An empty static cache of the slots our host gives this turn (made outside the timed span)."""
+    prompt_tokens = int(hf_inputs(args, history)["input_ids"].shape[1])
+    return StaticCache(config=shared.model.config, max_cache_len=our_slots(prompt_tokens, args.new_tokens))
+
+
+def our_slots(prompt_tokens: int, new_tokens: int) -> int:
+    return static_decode.slots(int(shared.settings["truncation_length"]), prompt_tokens + new_tokens)
+
+
 def measure(args, history: dict) -> dict:
-    """Each pair of columns warmed up, then run interleaved: the eager pair first, so that a run stopped
-    while the static pair compiles has the eager figures already."""
+    """Each group of columns warmed up, then run interleaved: the eager pair first, so that a run stopped
+    while the static group compiles has the eager figures already."""
     cols = columns(args)
     runs: dict[str, list[dict]] = {name: [] for name in cols}
-    for pair in (["ours", "hf"], ["hf_static", "ours_static"]):
-        pair = [name for name in pair if name in cols]
-        for name in pair:  # warm-up: allocator, OpenMP team, and the compile of the static path
+    for group in (["ours", "hf"], ["hf_static", "ours_static", "hf_static_our_slots"]):
+        group = [name for name in group if name in cols]
+        for name in group:  # warm-up: allocator, OpenMP team, and the compile of the static path
             started = time.perf_counter()
             cols[name](history)
             log(args, f"warm-up {name}: {time.perf_counter() - started:.1f} s")
         for index in range(args.runs):
-            for name in (pair if index % 2 == 0 else pair[::-1]):
+            for name in (group if index % 2 == 0 else group[::-1]):
                 result = cols[name](history)
                 runs[name].append(result)
                 whole = f" (whole prompt {result['ttft_whole'] * 1e3:.1f} ms)" if "ttft_whole" in result else ""
@@ -297,8 +317,8 @@ def slots_read(column: str, prompt_tokens: int, new_tokens: int) -> float:
     tokens so far; a static one is read whole, HF's sized to the prompt and the reply, ours by the host."""
     if column == "hf_static":
         return prompt_tokens + new_tokens
-    if column == "ours_static":
-        return static_decode.slots(int(shared.settings["truncation_length"]), prompt_tokens + new_tokens)
+    if column in ("ours_static", "hf_static_our_slots"):
+        return our_slots(prompt_tokens, new_tokens)
     return prompt_tokens + new_tokens / 2
 
 
@@ -339,6 +359,9 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
                                                out["hf"]["median_tokens_per_s"], 3)
         out["ratio_ours_static_vs_hf_static"] = round(out["ours_static"]["median_tokens_per_s"] /
                                                       out["hf_static"]["median_tokens_per_s"], 3)
+    if "hf_static_our_slots" in out:
+        out["ratio_ours_static_vs_hf_static_our_slots"] = round(out["ours_static"]["median_tokens_per_s"] /
+                                                                out["hf_static_our_slots"]["median_tokens_per_s"], 3)
     if bandwidth:
         out["bandwidth_tbps"] = bandwidth
         out["weight_gb_per_token"] = round(per_token / 1e9, 2)
@@ -346,11 +369,16 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
     return out
 
 
-def compile_everywhere() -> None:
-    """transformers compiles a static cache's decode step on any device (its testing flag), without
-    CUDA graphs: the host's Python per step is then what a GPU's compiled step leaves of it."""
-    config = CompileConfig(mode="default")
-    config._compile_all_devices = True
+def static_compile_config(args) -> None:
+    """Each static column compiled as it compiles alone: `dynamic=False`. transformers' default (None)
+    leaves torch's automatic dynamic shapes on, so the second cache length to reach the one compiled
+    forward (ours at 4096 slots after HF's at the prompt's and the reply's) would get a dynamic-shape
+    graph, which a server decoding alone does not run. With `--cpu-compile` transformers compiles on any
+    device (its testing flag), without CUDA graphs (mode "default"): the host's Python per step is then
+    what a GPU's compiled step leaves of it."""
+    config = CompileConfig(dynamic=False, **({"mode": "default"} if args.cpu_compile else {}))
+    if args.cpu_compile:
+        config._compile_all_devices = True
     shared.model.generation_config.compile_config = config
 
 
@@ -367,8 +395,8 @@ def main() -> None:
             # entry points, so that a plugin installed in this venv for the tests stays out.
             shared.logits_processors = logits_processor_loader.build_runner(
                 logits_processor_loader.requested_classes(use_entry_points=False))
-            if args.cpu_compile:
-                compile_everywhere()
+            if args.compiled:
+                static_compile_config(args)
         history = write_history(args)
         runs = measure(args, history)
         steps = (recorded_steps(args, history), recorded_steps(args, history, static_cache=True)) \

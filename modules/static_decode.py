@@ -42,11 +42,13 @@ FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "qwen2_5_vl", "g
 # Families whose pictures attend to each other both ways through `token_type_ids` (see `usable_prefix`).
 MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
 # Slots: what the prompt and the reply need, doubled from MIN_SLOTS, at most the context in whole
-# BLOCKs (`slots`). Each length is one more compile of the step (tens of seconds at 7B on a GPU), and
-# each step attends over every slot (a 4096-slot cache at LLaVA-1.5-7B's shapes reads 2.1 GB a step
-# beside its 13.2 GB of weights), and a context can be 128K tokens (Qwen2.5-VL, Gemma 3: 18 GB of
-# cache for Gemma 3 4B): a 4K-context model compiles once; a longer chat compiles again each time it
-# doubles. A kept cache too short for the next turn moves its rows into a longer one (`lengthened`).
+# BLOCKs (`slots`). Each step attends over every slot (a 4096-slot cache at LLaVA-1.5-7B's shapes reads
+# 2.1 GB a step beside its 13.2 GB of weights), and a context can be 128K tokens (Qwen2.5-VL, Gemma 3:
+# 18 GB of cache for Gemma 3 4B). A new length is not a compile each: the first length's step compiles
+# with static shapes (tens of seconds at 7B on a GPU), the second once more with the length as a symbol
+# (torch's automatic dynamic shapes, under transformers' default compile config), and that graph serves
+# every later length (tests/test_static_compile.py). A kept cache too short for the next turn moves its
+# rows into a longer one (`lengthened`).
 MIN_SLOTS = 4096
 BLOCK = 256
 _told: set[str] = set()  # families already said to keep the dynamic cache

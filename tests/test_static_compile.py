@@ -17,6 +17,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
+from fixtures import host_helpers
 from modules import chat, prefix_cache, shared, static_decode
 from tests.test_static_decode import FAMILIES, TURNS, turn
 from tests.test_vlm_families_host import hf_reply, png
@@ -71,3 +72,20 @@ def test_a_graph_break_in_the_step_is_seen(host, family_folder, monkeypatch):
     compiled_everywhere()
     turn(*TURNS[0], chat.new_history(), static=True)
     assert counters["graph_break"]
+
+
+def test_a_third_cache_length_compiles_nothing_more(host, family_folder):
+    """Not one compile per cache length: the first length's graph is static; the second is compiled
+    again with the length as a symbol (torch's automatic dynamic shapes, under transformers' default
+    compile config), and that graph serves every later length. Three chats need 512, 768 and 1024
+    slots (their contexts)."""
+    host.load(family_folder("llava"), ["multimodal"])
+    compiled_everywhere()
+    graphs = []
+    for context in (512, 768, 1024):
+        prefix_cache.clear()
+        state = host_helpers.greedy_state(max_new_tokens=4, static_cache=True, truncation_length=context)
+        list(chat.generate_chat_reply("Hello there.", state, loading_message=False))
+        assert prefix_cache._kept.cache.length == context
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1, 2, 2], dict(counters["stats"])
