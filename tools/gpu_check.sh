@@ -29,7 +29,9 @@
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
 #                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
 #                   torch.compile said: CUDA graphs skipped (and why), recompiles. Each run is logged as it ends
-#                   (the eager pair first): a section stopped while compiling still reports those rates
+#                   (the eager pair first): a section stopped while compiling still reports those rates.
+#                   DECODE_EQUAL_SLOTS=1 adds HF's compiled path with as many cache slots as ours (one more
+#                   compile): what of the static gap is the cache's length, what the host's work per step
 #   static    (90)  not in the 8 minutes: a second call, SECTIONS=static. Each family the static cache serves
 #                   (modules/static_decode.py), in fp32 on cuda:0: a chat of three turns and one asked again,
 #                   prefix cache on, our static path (compiled by transformers) against our dynamic path, reply
@@ -203,10 +205,10 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
     # cudagraphs, perf_hints: torch.compile says where it skips CUDA graphs, and why (the report lists them).
     TORCH_LOGS=cudagraphs,perf_hints,recompiles \
       project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
-      --new-tokens 128 --compiled --json --model-dir "$folder"  # built here when it is missing
+      --new-tokens 128 --compiled ${DECODE_EQUAL_SLOTS:+--equal-slots} --json --model-dir "$folder"  # built when missing
   else
     project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \
-      --compiled --json
+      --compiled --equal-slots --json
   fi
 }
 
