@@ -115,6 +115,20 @@ def write_history(args) -> dict:
     return history
 
 
+def hold_whole_chat(args, history: dict) -> None:
+    """Raises the host's context (truncation_length) to hold the whole chat and the measured reply, where
+    the model's does not: Hugging Face's `generate` takes the whole chat, while the host leaves out the
+    oldest turns to fit (`same_prompt`). Random weights write replies that tokenize longer when the chat
+    is laid out again (128 tokens become several hundred at LLaVA-1.5-7B's shapes: 4123 tokens before the
+    fifth turn), so the default chat passes that model's 4096."""
+    needed = int(hf_inputs(args, history)["input_ids"].shape[1]) + args.new_tokens
+    context = int(shared.settings["truncation_length"])
+    if needed > context:
+        shared.settings["truncation_length"] = -(-needed // static_decode.BLOCK) * static_decode.BLOCK
+        log(args, f"context raised from {context} to {shared.settings['truncation_length']} tokens: the chat "
+                  f"and the reply need {needed}")
+
+
 def turn_state(args, history: dict, images: list | None = None, **settings) -> dict:
     settings = {"max_new_tokens": args.new_tokens, **settings}
     return chat.new_state(history, do_sample=False, ban_eos_token=True, seed=0, message_images=images, **settings)
@@ -144,10 +158,11 @@ def host_turn(args, history: dict, **settings) -> dict:
     tokens = samples[-1][1]
     first = next(s for s in samples if s[1] >= 1)
     last = next(s for s in samples if s[1] == tokens)  # the yield that carried the last token
+    prompt_tokens = state["generation_stats"]["prompt_tokens"]
     if tokens == 1:
-        return {"ttft": first[0]}
+        return {"ttft": first[0], "prompt_tokens": prompt_tokens}
     return {"ttft": first[0], "tps": (last[1] - first[1]) / max(last[0] - first[0], 1e-9), "tokens": tokens,
-            "prompt_tokens": state["generation_stats"]["prompt_tokens"], "reply": latest["internal"][-1][1]}
+            "prompt_tokens": prompt_tokens, "reply": latest["internal"][-1][1]}
 
 
 def hf_inputs(args, history: dict):
@@ -230,11 +245,12 @@ def measure(args, history: dict) -> dict:
     while the static group compiles has the eager figures already."""
     cols = columns(args)
     runs: dict[str, list[dict]] = {name: [] for name in cols}
+    whole_chat = int(hf_inputs(args, history)["input_ids"].shape[1])
     for group in (["ours", "hf"], ["hf_static", "ours_static", "hf_static_our_slots"]):
         group = [name for name in group if name in cols]
         for name in group:  # warm-up: allocator, OpenMP team, and the compile of the static path
             started = time.perf_counter()
-            cols[name](history)
+            same_prompt(args, cols[name](history), whole_chat)
             log(args, f"warm-up {name}: {time.perf_counter() - started:.1f} s")
         for index in range(args.runs):
             for name in (group if index % 2 == 0 else group[::-1]):
@@ -244,6 +260,17 @@ def measure(args, history: dict) -> dict:
                 log(args, f"run {index + 1} {name:>11}: ttft {result['ttft'] * 1e3:8.1f} ms{whole}, "
                           f"{result['tps']:7.1f} tokens/s")
     return runs
+
+
+def same_prompt(args, result: dict, whole_chat: int) -> None:
+    """Stops the bench where a column answered another prompt than the whole chat Hugging Face's
+    `generate` is given: where the chat and the reply pass the context, our host leaves out the oldest
+    turns (text-generation-webui's rule: the prompt gets truncation_length - max_new_tokens)."""
+    if result["prompt_tokens"] != whole_chat:
+        sys.exit(f"bench/decode.py: the host's prompt was {result['prompt_tokens']} tokens, the whole chat "
+                 f"{whole_chat}: the chat and a {args.new_tokens}-token reply pass the context "
+                 f"(truncation_length {shared.settings['truncation_length']}), so the host left out older turns "
+                 f"and the columns would answer different prompts. Ask for fewer --new-tokens.")
 
 
 class StepRecorder(LogitsProcessor):
@@ -398,6 +425,7 @@ def main() -> None:
             if args.compiled:
                 static_compile_config(args)
         history = write_history(args)
+        hold_whole_chat(args, history)
         runs = measure(args, history)
         steps = (recorded_steps(args, history), recorded_steps(args, history, static_cache=True)) \
             if args.compiled else None

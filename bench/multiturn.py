@@ -256,8 +256,8 @@ class VisionCounter:
 
 # -- The columns ---------------------------------------------------------------------------------------
 
-def host_turn(history: dict, text: str, images: list, args) -> tuple[float, float, dict, str]:
-    """(TTFT, decode tokens/s, history, reply) for one turn through the host's chat.
+def host_turn(history: dict, text: str, images: list, args) -> tuple[float, float, dict, str, int]:
+    """(TTFT, decode tokens/s, history, reply, prompt tokens) for one turn through the host's chat.
 
     The chat yields once per generated token, then once more with the finished turn (output hooks):
     decode speed is from the first token's yield to the last token's, as the streamer times Hugging Face.
@@ -269,27 +269,43 @@ def host_turn(history: dict, text: str, images: list, args) -> tuple[float, floa
     times, latest = [], history
     for latest in chat.generate_chat_reply(text, state, loading_message=False):
         times.append(time.perf_counter() - started)
-    tokens = state["generation_stats"]["completion_tokens"]
-    return times[0], (tokens - 1) / max(times[-2] - times[0], 1e-9), latest, latest["internal"][-1][1]
+    stats = state["generation_stats"]
+    return (times[0], (stats["completion_tokens"] - 1) / max(times[-2] - times[0], 1e-9), latest,
+            latest["internal"][-1][1], stats["prompt_tokens"])
 
 
 def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
     set_caches(caches)
     side = SIZES[args.size].image_size
     history = chat.new_history()
-    result = {"ttft": [], "tps": [], "replies": [], "vision_images": [], "reused": []}
+    result = {"ttft": [], "tps": [], "replies": [], "vision_images": [], "reused": [], "prompt_tokens": []}
     for turn in range(len(QUESTIONS)):
         before = counter.images
         images = [png_bytes(picture(IMAGE_TURNS[turn], side))] if turn in IMAGE_TURNS else []
         with host_helpers.reused_tokens() as reused:
-            ttft, tps, history, reply = host_turn(history, QUESTIONS[turn], images, args)
+            ttft, tps, history, reply, prompt_tokens = host_turn(history, QUESTIONS[turn], images, args)
         result["reused"].append(sum(reused))
+        result["prompt_tokens"].append(prompt_tokens)
         for key, value in (("ttft", ttft), ("tps", tps), ("replies", reply), ("vision_images", counter.images - before)):
             result[key].append(value)
         print(f"  ({label}) turn {turn + 1}: ttft {ttft * 1000:8.1f} ms, {tps:6.1f} tokens/s, "
               f"vision images {counter.images - before}")
     result["history"] = history
     return result
+
+
+def same_prompts(result: dict) -> None:
+    """Stops the bench where the host answered a turn from another prompt than the whole conversation
+    Hugging Face's `generate` is given: where the chat and the reply pass the context, the host leaves
+    out the oldest turns (text-generation-webui's rule: the prompt gets truncation_length - max_new_tokens)."""
+    for turn, ours in enumerate(result["prompt_tokens"]):
+        prompt, images = hf_conversation(result["history"], turn)
+        whole = int(hf_processor()(text=prompt, images=images or None, return_tensors="pt")["input_ids"].shape[1])
+        if ours != whole:
+            sys.exit(f"bench/multiturn.py: turn {turn + 1}'s prompt through the host was {ours} tokens, the whole "
+                     f"conversation {whole}: with {shared.settings['truncation_length']} tokens of context "
+                     f"(truncation_length) the host left out older turns, and the columns would answer different "
+                     f"prompts. Ask for fewer --max-new-tokens.")
 
 
 def hf_conversation(history: dict, upto: int) -> tuple[str, list]:
@@ -457,7 +473,7 @@ def measure(model_dir: Path, args, dtype: str, columns: tuple) -> tuple[dict, di
     memory = load_host(model_dir, args, dtype)
     counter = VisionCounter(shared.model)
     print(f"[{dtype}] warm-up")
-    run_host(args, f"{dtype} warm-up", True, counter)
+    same_prompts(run_host(args, f"{dtype} warm-up", True, counter))
     runs: dict[str, list] = {column: [] for column in columns}
     order = [column for column in columns if column != "limit"]  # (c) comes before (a): (a) replays its chat
     for repeat in range(args.repeats):  # interleaved, order flipped each time: noise hits every column alike
