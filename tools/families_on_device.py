@@ -48,6 +48,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,7 +239,12 @@ def static_chat(static: bool) -> tuple[list[str], float]:
 
 def check_static(name: str, root: Path, lm: tuple[str, str]) -> dict:
     """Our static-cache path (compiled by transformers on CUDA) against our dynamic path, turn for turn;
-    the dynamic path is checked against Hugging Face's by `check`."""
+    the dynamic path is checked against Hugging Face's by `check`. Each family compiles from nothing, as in
+    a server that loaded only it: TorchDynamo keys its compiled code on transformers' forward wrappers, which
+    every family shares, so a family after another was a recompile of the same frame, with its shapes and
+    config values marked dynamic (torch's automatic dynamic shapes), counting toward the frame's recompile
+    limit, past which the step runs eagerly."""
+    torch._dynamo.reset()
     load(build(name, root), lm, {})
     dynamic, dynamic_s = static_chat(False)
     static, static_s = static_chat(True)  # the first static turn waits for the compile
