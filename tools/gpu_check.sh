@@ -9,6 +9,8 @@
 #   command:   SECTIONS="multiturn decode" bash tools/gpu_check.sh --device cuda
 # With little device time left: a shorter run, decode on 8 text layers (TOTAL_BUDGET caps the sections):
 #   command:   TOTAL_BUDGET=200 SECTIONS="families vision decode" DECODE_LAYERS=8 DECODE_RUNS=2 bash tools/gpu_check.sh --device cuda
+#   a section's own budget: BUDGET_<section>=SECONDS, e.g. BUDGET_decode=400 SECTIONS=decode (the compiled pair
+#   at 32 layers did not fit its 115 s on an H100)
 #
 #   bash tools/gpu_check.sh --prepare       # here, with a network: wheels and harness files into .gpu/ (git-ignored)
 #   bash tools/gpu_check.sh --device cpu    # the dry run: every section at tiny size on this CPU (.ci/run runs it)
@@ -218,10 +220,10 @@ export GPU_DIR
 failed=0
 for name in setup ${SECTIONS:-$DEFAULT_SECTIONS}; do
   left=$((TOTAL_BUDGET - ($(date +%s) - STARTED)))
-  budget=${BUDGET[$name]:-60}; [ "$budget" -le "$left" ] || budget=$left
+  own="BUDGET_$name"; budget=${!own:-${BUDGET[$name]:-60}}; [ "$budget" -le "$left" ] || budget=$left
   start=$(date +%s)
   if [ "$budget" -lt 5 ]; then
-    echo "skipped: the run's $TOTAL_BUDGET s were spent" >"$W/$name.log"; rc=124
+    echo "skipped: $budget s to run it ($left s left of the run's $TOTAL_BUDGET)" >"$W/$name.log"; rc=124
   else
     timeout -k 5 "$budget" bash -c "sec_$name" >"$W/$name.log" 2>&1; rc=$?
   fi
