@@ -268,9 +268,8 @@ def same_prompt(args, result: dict, whole_chat: int) -> None:
     turns (text-generation-webui's rule: the prompt gets truncation_length - max_new_tokens)."""
     if result["prompt_tokens"] != whole_chat:
         sys.exit(f"bench/decode.py: the host's prompt was {result['prompt_tokens']} tokens, the whole chat "
-                 f"{whole_chat}: the chat and a {args.new_tokens}-token reply pass the context "
-                 f"(truncation_length {shared.settings['truncation_length']}), so the host left out older turns "
-                 f"and the columns would answer different prompts. Ask for fewer --new-tokens.")
+                 f"{whole_chat} (truncation_length {shared.settings['truncation_length']}, {args.new_tokens} new "
+                 f"tokens): the columns would answer different prompts")
 
 
 class StepRecorder(LogitsProcessor):
