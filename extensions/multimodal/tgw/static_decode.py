@@ -8,10 +8,12 @@ static layer that crops by moving its write position back, so `tgw/prefix_cache.
 turns like a dynamic cache; `FAMILIES` only, another family keeps the dynamic cache (one log line);
 on Gemma 3 a prompt whose uncached tokens hold a picture is prefilled whole.
 
-On or off: the extension's `static_cache` param (None: `DEFAULT_ON_CUDA` on a CUDA device). Inside
-text-generation-webui a static cache runs, but is not compiled: its Transformers loader sets
-`torch._dynamo.config.disable = True` when it loads a model, so transformers' compile of the decode
-step runs eagerly. transformers without `StaticLayer` (before 5.x) keeps the dynamic cache.
+On or off: the extension's `static_cache` param (None: `DEFAULT_ON_CUDA` on a CUDA device). Whether
+text-generation-webui compiles the decode step depends on its torch: its Transformers loader sets
+`torch._dynamo.config.disable = True` when it loads a model, which before torch 2.13 holds for the
+process (the step runs eagerly), and from torch 2.13 only for the loading thread (a `ContextVar`), not
+the one that generates (README, "Today's image-text checkpoints in text-generation-webui 1dcde41d").
+transformers without `StaticLayer` (before 5.x) keeps the dynamic cache.
 """
 from __future__ import annotations
 
