@@ -93,7 +93,10 @@ def render_messages(messages: list[dict], state: dict, continue_last: bool = Fal
     body, prompt = render(messages), render(messages, add_generation_prompt=True)
     if not prompt.startswith(body):  # a template that rewrites earlier text when asked for the prefix
         body = prompt
-    return body + apply_extensions("bot_prefix", prompt[len(body):], state)
+    prefix = prompt[len(body):]
+    bot_prefix = apply_extensions("bot_prefix", prefix, state)
+    # With pictures in the history the prompt runs to megabytes: copied again only for a changed prefix.
+    return prompt if bot_prefix == prefix else body + bot_prefix
 
 
 def render(messages: list[dict], add_generation_prompt: bool = False, continue_last: bool = False) -> str:

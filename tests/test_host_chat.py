@@ -24,6 +24,17 @@ def test_prompt_uses_the_chat_template(llama):
                       "USER: What now?\nASSISTANT:")
 
 
+def test_a_bot_prefix_hook_that_changes_the_prefix_changes_the_prompt(llama, monkeypatch):
+    """The `bot_prefix` hook's result takes the place of the template's generation prefix."""
+    state = llama.greedy_state(history=history_of(1))
+    hooks = chat.apply_extensions
+    monkeypatch.setattr(chat, "apply_extensions",
+                        lambda name, *args: args[0] + " Sure," if name == "bot_prefix" else hooks(name, *args))
+    prompt = chat.generate_chat_prompt("What now?", state)
+    assert prompt == ("USER: Question number 0 about a red circle?\nASSISTANT: Answer number 0.</s>\n"
+                      "USER: What now?\nASSISTANT: Sure,")
+
+
 def test_plain_fallback_without_a_template(llama):
     shared.tokenizer.chat_template = None
     try:
