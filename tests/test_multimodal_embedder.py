@@ -5,6 +5,7 @@ text and image embeddings are the oracle the stitched output is compared with.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import pytest
@@ -369,6 +370,27 @@ def test_large_pictures_are_laid_out_and_decoded_once_per_chat(llama, monkeypatc
     assert (len(read_headers), len(decoded), again.stats.from_cache) == (3, 3, 3)
     assert torch.equal(again.inputs_embeds, first.inputs_embeds)
     assert embedder.prompts.memo.total_bytes < 1024 * 1024, "the memo holds ids, not the pictures' text"
+
+
+def test_a_prompt_measured_then_encoded_is_split_and_hashed_once(llama, monkeypatch):
+    """A chat turn measures its prompt, then encodes the same string: its tags are found and hashed once
+    (counted at `split_prompt` and at SHA-256), each call still gets parts of its own to lay out, and
+    another string, even with the same text, is split anew."""
+    embedder = make("fake-varying", add_all_images_to_prompt=True)
+    prompt = "".join(f"turn {i} {phone_sized_tag(i)}" for i in range(2)) + " last question"
+    splits = counted(monkeypatch, type(embedder.prompts).split, "split_prompt")
+    hashed, sha256 = [], hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda data=b"": hashed.append(len(data)) or sha256(data))
+    length = embedder.len_in_tokens(prompt)
+    assert embedder.forward(prompt, state(truncation_length=4096)).input_ids.shape[0] == length
+    assert len(splits) == 1
+    assert sum(size > prompt_encoding.MEMO_BYTES // 2 for size in hashed) == 2, "each picture hashed once"
+    first, second = embedder.prompts.split(prompt), embedder.prompts.split(prompt)
+    assert [p.text for p in first] == [p.text for p in second] and first[1] is not second[1]
+    first[1].input_ids = torch.tensor([1])
+    assert second[1].input_ids is None
+    assert embedder.len_in_tokens("".join([prompt[:10], prompt[10:]])) == length
+    assert len(splits) == 2
 
 
 def test_text_memo_returns_what_encode_returns(llama, monkeypatch):

@@ -16,6 +16,7 @@ That store is bounded in bytes, as the embedding cache is (`embedding_cache_mb`)
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import List, Optional, Tuple
 
@@ -47,9 +48,24 @@ class PromptEncoder:
         self.memo = BoundedLRU(MEMO_BYTES)
         # per layout key: (the decoded picture, what the pipeline prepared from it), kept for embedding it
         self.laid_out = BoundedLRU(megabytes(with_defaults(params)["embedding_cache_mb"]))
+        self._last_split: Optional[Tuple[str, List[PromptPart]]] = None  # (prompt, its parts as split)
 
     def split(self, prompt: str) -> List[PromptPart]:
-        return split_prompt(self.pipeline.prompt_text(prompt), self.pipeline.image_start(), self.pipeline.image_end())
+        """The prompt's parts, a fresh copy for each call (the caller lays them out in place). The last
+        prompt's split is kept, with the digests of the pictures it embeds: a chat turn measures its
+        prompt, then encodes the same string, and with phone photos in the history finding, slicing
+        and hashing their tags takes tens of milliseconds a time. Keeping it holds that one prompt until
+        the next one comes."""
+        last = self._last_split
+        if last is None or last[0] is not prompt:
+            parts = split_prompt(self.pipeline.prompt_text(prompt), self.pipeline.image_start(),
+                                 self.pipeline.image_end())
+            embedded = self.images_to_embed(parts)
+            for part in parts:
+                if part.is_image and part.index in embedded:
+                    part.digest  # noqa: B018 - hashed once here; each copy below carries it
+            last = self._last_split = (prompt, parts)
+        return [copy.copy(part) for part in last[1]]
 
     def measure(self, prompt: str, budget: Optional[Budget] = None) -> int:
         with torch.inference_mode():
