@@ -115,13 +115,18 @@ def write_history(args) -> dict:
     return history
 
 
-def hold_whole_chat(args, history: dict) -> None:
+def whole_chat_tokens(args, history: dict) -> int:
+    """The fifth turn's prompt as Hugging Face's `generate` gets it (the whole chat), in tokens."""
+    return int(hf_inputs(args, history)["input_ids"].shape[1])
+
+
+def hold_whole_chat(args, whole_chat: int) -> None:
     """Raises the host's context (truncation_length) to hold the whole chat and the measured reply, where
     the model's does not: Hugging Face's `generate` takes the whole chat, while the host leaves out the
     oldest turns to fit (`same_prompt`). Random weights write replies that tokenize longer when the chat
     is laid out again (128 tokens become several hundred at LLaVA-1.5-7B's shapes: 4123 tokens before the
     fifth turn), so the default chat passes that model's 4096."""
-    needed = int(hf_inputs(args, history)["input_ids"].shape[1]) + args.new_tokens
+    needed = whole_chat + args.new_tokens
     context = int(shared.settings["truncation_length"])
     if needed > context:
         shared.settings["truncation_length"] = -(-needed // static_decode.BLOCK) * static_decode.BLOCK
@@ -216,7 +221,7 @@ def identity(reply: str, reference_ids: list[int], scores: list[torch.Tensor]) -
     return {"identical": False, "first_differing_step": len(reference_ids)}
 
 
-def columns(args) -> dict:
+def columns(args, whole_chat: int) -> dict:
     """Column name -> a function of the history giving one measured run."""
     cols = {"ours": lambda h: run_ours(args, h),
             "hf": lambda h: multiturn.on_compute_thread(run_hf, args, h)}
@@ -226,26 +231,24 @@ def columns(args) -> dict:
         cols["ours_static"] = lambda h: run_ours(args, h, static_cache=True)
     if args.compiled and args.equal_slots:
         cols["hf_static_our_slots"] = lambda h: multiturn.on_compute_thread(
-            lambda hh: run_hf(args, hh, past_key_values=cache_of_our_length(args, hh)), h)
+            lambda hh: run_hf(args, hh, past_key_values=cache_of_our_length(args, whole_chat)), h)
     return cols
 
 
-def cache_of_our_length(args, history: dict) -> StaticCache:
+def cache_of_our_length(args, whole_chat: int) -> StaticCache:
     """An empty static cache of the slots our host gives this turn (made outside the timed span)."""
-    prompt_tokens = int(hf_inputs(args, history)["input_ids"].shape[1])
-    return StaticCache(config=shared.model.config, max_cache_len=our_slots(prompt_tokens, args.new_tokens))
+    return StaticCache(config=shared.model.config, max_cache_len=our_slots(whole_chat, args.new_tokens))
 
 
 def our_slots(prompt_tokens: int, new_tokens: int) -> int:
     return static_decode.slots(int(shared.settings["truncation_length"]), prompt_tokens + new_tokens)
 
 
-def measure(args, history: dict) -> dict:
+def measure(args, history: dict, whole_chat: int) -> dict:
     """Each group of columns warmed up, then run interleaved: the eager pair first, so that a run stopped
     while the static group compiles has the eager figures already."""
-    cols = columns(args)
+    cols = columns(args, whole_chat)
     runs: dict[str, list[dict]] = {name: [] for name in cols}
-    whole_chat = int(hf_inputs(args, history)["input_ids"].shape[1])
     for group in (["ours", "hf"], ["hf_static", "ours_static", "hf_static_our_slots"]):
         group = [name for name in group if name in cols]
         for name in group:  # warm-up: allocator, OpenMP team, and the compile of the static path
@@ -424,8 +427,9 @@ def main() -> None:
             if args.compiled:
                 static_compile_config(args)
         history = write_history(args)
-        hold_whole_chat(args, history)
-        runs = measure(args, history)
+        whole_chat = whole_chat_tokens(args, history)
+        hold_whole_chat(args, whole_chat)
+        runs = measure(args, history, whole_chat)
         steps = (recorded_steps(args, history), recorded_steps(args, history, static_cache=True)) \
             if args.compiled else None
         result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history), steps)
