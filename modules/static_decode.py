@@ -52,6 +52,7 @@ MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
 MIN_SLOTS = 4096
 BLOCK = 256
 _told: set[str] = set()  # families already said to keep the dynamic cache
+_lengths_told: set[tuple[str, int]] = set()  # (checkpoint, slots) already logged
 
 
 class WritePositionLayer(StaticLayer):
@@ -106,7 +107,32 @@ def cache_length(state: dict, prompt_tokens: int) -> int | None:
     """Slots of the static cache for this generation (`slots`), or None for the dynamic cache."""
     if not enabled(state) or not takes_static_cache(shared.model):
         return None
-    return slots(int(state["truncation_length"]), prompt_tokens + int(state["max_new_tokens"]))
+    length = slots(int(state["truncation_length"]), prompt_tokens + int(state["max_new_tokens"]))
+    tell_length(shared.model, length)
+    return length
+
+
+def tell_length(model, length: int) -> None:
+    """Logs each checkpoint's cache length once: where transformers compiles, the first reply at a new
+    length waits for it (the first two lengths; tens of seconds at 7B), which would look like a hang."""
+    key = (str(getattr(model.config, "_name_or_path", "")), length)
+    if key in _lengths_told:
+        return
+    _lengths_told.add(key)
+    wait = " (transformers compiles the decoding step at the first two lengths: such a reply waits for it)" \
+        if compiles(model) else ""
+    logger.info(f"Static cache: {model.config.model_type} decodes with {length} slots{wait}")
+
+
+def compiles(model) -> bool:
+    """Whether `generate` compiles this cache's step: transformers' own rule (a CUDA device, no CPU offload,
+    a quantization that allows it...), unless torch's compiler is off for this thread."""
+    rule = getattr(model, "_valid_auto_compile_criteria", None)
+    if rule is None or not rule({"past_key_values": WritePositionCache(1, BLOCK)}, model.generation_config):
+        return False
+    import torch._dynamo  # only where it compiles: the compiler's import is not free
+
+    return not torch._dynamo.config.disable
 
 
 def slots(context: int, needed: int) -> int:

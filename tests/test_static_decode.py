@@ -183,3 +183,40 @@ def test_a_lengthened_cache_holds_the_rows_and_writes_after_them(twin):
         assert torch.equal(k[:, :, :4], keys[:, :, :4]) and torch.equal(v[:, :, :4], values[:, :, :4])
         assert torch.equal(k[:, :, 4:5], step) and not k[:, :, 5:].any()
     assert int(longer.get_seq_length()) == 5
+
+
+def test_each_cache_length_is_told_once_and_whether_the_reply_waits_for_a_compile(host, family_folder, caplog,
+                                                                                   monkeypatch):
+    """On a GPU the first reply at a new length waits tens of seconds for transformers' compile: the log
+    says so where transformers' own rule compiles (here made to by its `_compile_all_devices`), and not
+    where the compiler is off for the thread (text-generation-webui's loader), nor on a CPU."""
+    import torch._dynamo
+    from transformers import CompileConfig
+
+    from extensions.multimodal.tgw import static_decode as twin
+
+    host.load(family_folder("llava"), ["multimodal"])
+    lengths = {"host": lambda prompt: static_decode.cache_length(
+                   {"static_cache": True, "truncation_length": 131072, "max_new_tokens": 8}, prompt),
+               "tgw": lambda prompt: twin.cache_length(shared.model, True, 131072, prompt, 8)}
+
+    def told(copy: str, prompts: list[int]) -> list[str]:
+        for module in (static_decode, twin):
+            monkeypatch.setattr(module, "_lengths_told", set())
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            for prompt in prompts:
+                lengths[copy](prompt)
+        return [r.message for r in caplog.records if r.message.startswith("Static cache: llava decodes")]
+
+    waits = " (transformers compiles the decoding step at the first two lengths: such a reply waits for it)"
+    compiling = CompileConfig()
+    compiling._compile_all_devices = True
+    for copy in lengths:
+        assert told(copy, [100, 200, 5000, 300]) == ["Static cache: llava decodes with 4096 slots",
+                                                     "Static cache: llava decodes with 8192 slots"], copy
+        monkeypatch.setattr(shared.model.generation_config, "compile_config", compiling)
+        assert told(copy, [100]) == [f"Static cache: llava decodes with 4096 slots{waits}"], copy
+        with torch._dynamo.config.patch(disable=True):
+            assert told(copy, [100]) == ["Static cache: llava decodes with 4096 slots"], copy
+        monkeypatch.setattr(shared.model.generation_config, "compile_config", None)

@@ -35,6 +35,7 @@ MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
 MIN_SLOTS = 4096  # slots: the need doubled from this, at most the context (modules/static_decode.py says why)
 BLOCK = 256
 _told: set[str] = set()
+_lengths_told: set[tuple[str, int]] = set()  # (checkpoint, slots) already logged
 
 if StaticLayer is not None:
     class WritePositionLayer(StaticLayer):
@@ -83,7 +84,31 @@ def cache_length(model, setting: Optional[bool], context: int, prompt_tokens: in
     """Slots of the static cache for this generation (`slots`), or None for the dynamic cache."""
     if not enabled(model, setting) or not takes_static_cache(model):
         return None
-    return slots(context, prompt_tokens + new_tokens)
+    length = slots(context, prompt_tokens + new_tokens)
+    tell_length(model, length)
+    return length
+
+
+def tell_length(model, length: int) -> None:
+    """Logs each checkpoint's cache length once (where the step compiles, that reply waits for it)."""
+    key = (str(getattr(model.config, "_name_or_path", "")), length)
+    if key in _lengths_told:
+        return
+    _lengths_told.add(key)
+    wait = " (transformers compiles the decoding step at the first two lengths: such a reply waits for it)" \
+        if compiles(model) else ""
+    logger.info(f"Static cache: {model.config.model_type} decodes with {length} slots{wait}")
+
+
+def compiles(model) -> bool:
+    """transformers' own rule, unless the compiler is off for this thread: text-generation-webui's loader
+    switches it off, for the whole process before torch 2.13 and for the loading thread only from 2.13."""
+    rule = getattr(model, "_valid_auto_compile_criteria", None)
+    if rule is None or not rule({"past_key_values": WritePositionCache(1, BLOCK)}, model.generation_config):
+        return False
+    import torch._dynamo
+
+    return not torch._dynamo.config.disable
 
 
 def slots(context: int, needed: int) -> int:
