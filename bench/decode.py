@@ -29,11 +29,16 @@ one, both margins are reported (`ours_static.vs_ours`). On CUDA the JSON also gi
 memory-bandwidth limit: tokens/s x bytes of weights read per token (the language model without its
 input embeddings) / bandwidth (`--bandwidth` TB/s, else a table by GPU name), and the same with the
 KV cache each step reads (`cache_slots_read`: a static cache is read whole, so its slots count).
+`--profile`: after the timed runs, one more run of each column with up to 32 of its decoding steps under
+torch's profiler (bench/step_profile.py): per step the wall time, the device's working time and their
+ratio (on a GPU, the share it waited for the host), the kernels (on a CPU, operators) that took most
+of it and, on CUDA, the runtime's launches and syncs (`step_profile` in each column's JSON).
 
     python bench/decode.py --runs 5                                        # the CPU proxy
     python bench/decode.py --size micro --new-tokens 256 --compiled --cpu-compile --runs 5   # host overhead
     python bench/decode.py --size micro --new-tokens 512 --compiled --cpu-compile --equal-slots --runs 5
     python bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --compiled --json
+    python bench/decode.py --size micro --new-tokens 64 --runs 1 --profile   # where a step goes
 """
 from __future__ import annotations
 
@@ -47,12 +52,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, StaticCache
+from transformers import CompileConfig, LogitsProcessorList, StaticCache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import multiturn  # noqa: E402
+from bench import multiturn, step_profile  # noqa: E402
 from modules import chat, logits_processor_loader, prefix_cache, shared, static_decode  # noqa: E402
 from modules.logits_bridge import LogitsProcessorRunner  # noqa: E402
 from modules.logits_processors import LogitsProcessor  # noqa: E402
@@ -61,6 +66,7 @@ from modules.logits_processors import LogitsProcessor  # noqa: E402
 BANDWIDTH_TBPS = [("H100 PCIe", 2.0), ("H100", 3.35), ("H200", 4.8)]
 TEXT_LAYERS = {"micro": 1, "small": 2, "real": 32}  # by --size, unless --text-layers says
 HISTORY_TURNS = 4  # the turns written before the measured one (pictures on turns 1 and 3)
+PROFILED_STEPS = 32  # --profile: the decoding steps each column's profile holds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --compiled on a CPU: transformers compiles the static columns' decode step")
     parser.add_argument("--equal-slots", action="store_true",
                         help="with --compiled: also HF's compiled static path with a cache as long as ours")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed runs, where each column's decode step goes (bench/step_profile.py)")
     parser.add_argument("--bandwidth", type=float, default=None, help="the GPU's memory bandwidth in TB/s")
     parser.add_argument("--model-dir", type=str, default=None, help="keep the model folder here (reused when present)")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
@@ -141,14 +149,21 @@ def turn_state(args, history: dict, images: list | None = None, **settings) -> d
 
 # -- The columns -------------------------------------------------------------------------------------
 
-def run_ours(args, history: dict, **settings) -> dict:
+def run_ours(args, history: dict, processor: LogitsProcessor | None = None, **settings) -> dict:
     """One measured turn through the host's chat, its prompt's KV cache kept from a one-token turn just
     before (the prefix cache's case: a regenerate; `ttft`), whose own TTFT is that of the whole prompt
     prefilled (`ttft_whole`: pictures from the embedding cache). The columns share one prefix cache,
-    so each run makes its own."""
+    so each run makes its own. `processor`: one more batch-level logits processor, after the loaded
+    ones, for the measured turn (untimed runs: `recorded_steps`, `step_profiles`)."""
     prefix_cache.clear()
     whole = host_turn(args, history, max_new_tokens=1, **settings)
-    result = host_turn(args, history, **settings)
+    loaded = shared.logits_processors
+    if processor is not None:
+        shared.logits_processors = LogitsProcessorRunner((loaded.processors if loaded else []) + [processor])
+    try:
+        result = host_turn(args, history, **settings)
+    finally:
+        shared.logits_processors = loaded
     return {**result, "ttft_whole": whole["ttft"]}
 
 
@@ -222,16 +237,19 @@ def identity(reply: str, reference_ids: list[int], scores: list[torch.Tensor]) -
 
 
 def columns(args, whole_chat: int) -> dict:
-    """Column name -> a function of the history giving one measured run."""
-    cols = {"ours": lambda h: run_ours(args, h),
-            "hf": lambda h: multiturn.on_compute_thread(run_hf, args, h)}
+    """Column name -> a function of the history (and of keyword arguments for `run_ours`'s settings or
+    `run_hf`'s `generate`) giving one measured run."""
+    def hf(history: dict, **kwargs) -> dict:
+        return multiturn.on_compute_thread(lambda: run_hf(args, history, **kwargs))
+
+    cols = {"ours": lambda h, **extra: run_ours(args, h, **extra),
+            "hf": lambda h, **extra: hf(h, **extra)}
     if args.compiled:
-        cols["hf_static"] = lambda h: multiturn.on_compute_thread(
-            lambda hh: run_hf(args, hh, cache_implementation="static"), h)
-        cols["ours_static"] = lambda h: run_ours(args, h, static_cache=True)
+        cols["hf_static"] = lambda h, **extra: hf(h, cache_implementation="static", **extra)
+        cols["ours_static"] = lambda h, **extra: run_ours(args, h, static_cache=True, **extra)
     if args.compiled and args.equal_slots:
-        cols["hf_static_our_slots"] = lambda h: multiturn.on_compute_thread(
-            lambda hh: run_hf(args, hh, past_key_values=cache_of_our_length(args, whole_chat)), h)
+        cols["hf_static_our_slots"] = lambda h, **extra: hf(
+            h, past_key_values=cache_of_our_length(args, whole_chat), **extra)
     return cols
 
 
@@ -296,18 +314,10 @@ class StepRecorder(LogitsProcessor):
 
 
 def recorded_steps(args, history: dict, **settings) -> list[tuple[int, float]]:
-    """The fifth turn as `run_ours` answers it (its prompt's cache kept from a one-token turn), with a
-    `StepRecorder` after the loaded processors: (token, top-two margin) per step of the measured turn."""
-    loaded = shared.logits_processors
+    """The fifth turn as `run_ours` answers it, with a `StepRecorder` after the loaded processors:
+    (token, top-two margin) per step of the measured turn."""
     recorder = StepRecorder()
-    shared.logits_processors = LogitsProcessorRunner((loaded.processors if loaded else []) + [recorder])
-    try:
-        prefix_cache.clear()
-        host_turn(args, history, max_new_tokens=1, **settings)
-        recorder.steps.clear()
-        host_turn(args, history, **settings)
-    finally:
-        shared.logits_processors = loaded
+    run_ours(args, history, processor=recorder, **settings)
     return recorder.steps
 
 
@@ -320,6 +330,51 @@ def static_vs_dynamic(dynamic: list[tuple[int, float]], static: list[tuple[int, 
                     "static_top2_margin": static_margin, "tie": margin == 0.0 or static_margin == 0.0}
     same = len(dynamic) == len(static)
     return {"identical": same, "first_differing_step": None if same else min(len(dynamic), len(static))}
+
+
+# -- Where a step goes (--profile) -------------------------------------------------------------------
+
+class Tick(LogitsProcessor):
+    """Ticks a `step_profile.StepWindow` at every decoding step: a processor of the host's runner
+    (`apply`) or of Hugging Face's `generate` (called with the ids and the scores). Changes nothing."""
+
+    def __init__(self, window: step_profile.StepWindow) -> None:
+        self.window = window
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # else the host skips it for greedy requests
+
+    def update_state(self, batch_update) -> None:
+        """Nothing to follow: one request."""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        self.window.tick()
+        return logits
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.window.tick()
+        return scores
+
+
+def step_profiles(args, history: dict, whole_chat: int) -> dict:
+    """Each column's decode step under torch's profiler (bench/step_profile.py): one more run each, with
+    a window of PROFILED_STEPS steps (at most the reply's less its first eighth and one) from inside the
+    loop."""
+    skip = max(1, args.new_tokens // 8)
+    steps = min(PROFILED_STEPS, args.new_tokens - skip - 1)
+    found = {}
+    for name, run in columns(args, whole_chat).items():
+        window = step_profile.StepWindow(args.device, skip, steps)
+        try:
+            if name.startswith("ours"):
+                run(history, processor=Tick(window))
+            else:
+                run(history, logits_processor=LogitsProcessorList([Tick(window)]))
+            found[name] = window.result()
+        except Exception as error:  # the profiler's failure costs its own figures only, not the timed ones
+            found[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+        log(args, f"profile {name:>11}: {json.dumps(found[name])}")
+    return found
 
 
 # -- The report --------------------------------------------------------------------------------------
@@ -358,7 +413,7 @@ def bandwidth_tbps(args, name: str) -> float | None:
 
 
 def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
-           steps: tuple[list, list] | None = None) -> dict:
+           steps: tuple[list, list] | None = None, profiles: dict | None = None) -> dict:
     name = multiturn.device_name(args)
     out: dict = {"device": name, "dtype": args.dtype, "size": args.size, "text_layers": args.text_layers,
                  "new_tokens": args.new_tokens, "runs": args.runs,
@@ -374,6 +429,8 @@ def report(args, runs: dict, reference: tuple[list[int], list[torch.Tensor]],
         if "ttft_whole" in results[0]:
             entry["median_ttft_whole_prompt_ms"] = round(statistics.median(r["ttft_whole"] for r in results) * 1e3, 1)
         entry["cache_slots_read"] = slots_read(column, out["prompt_tokens"], args.new_tokens)
+        if profiles and column in profiles:
+            entry["step_profile"] = profiles[column]
         if bandwidth:
             entry["bandwidth_fraction"] = round(entry["median_tokens_per_s"] * per_token / (bandwidth * 1e12), 3)
             with_cache = per_token + entry["cache_slots_read"] * kv_bytes_per_slot()
@@ -432,7 +489,8 @@ def main() -> None:
         runs = measure(args, history, whole_chat)
         steps = (recorded_steps(args, history), recorded_steps(args, history, static_cache=True)) \
             if args.compiled else None
-        result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history), steps)
+        profiles = step_profiles(args, history, whole_chat) if args.profile else None
+        result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history), steps, profiles)
     if not args.json:
         for column in runs:
             entry = result[column]

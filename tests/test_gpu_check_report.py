@@ -3,6 +3,7 @@
 On a lent GPU the decode section can run out of its budget while transformers compiles (an H100 run left
 no rates at all). bench/decode.py logs every measured run as it ends; the report reads them back when the
 bench's JSON never came. Here the bench runs for real (tiny, on the CPU) and its JSON is left out of the log.
+With `--profile` it also logs where each column's decoding step goes (bench/step_profile.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_a_decode_log_without_its_json_still_gives_the_rates(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "decode.py"), "--device", "cpu", "--size", "small",
-                          "--text-layers", "1", "--runs", "2", "--new-tokens", "8", "--json"],
+                          "--text-layers", "1", "--runs", "2", "--new-tokens", "8", "--profile", "--json"],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     bench = json.loads(run.stdout.strip().splitlines()[-1])
@@ -37,3 +38,11 @@ def test_a_decode_log_without_its_json_still_gives_the_rates(tmp_path):
     # The log's figures are rounded before their median is taken, the JSON's after.
     assert logged["ratio_ours_vs_hf"] == pytest.approx(bench["ratio_ours_vs_hf"], abs=0.002)
     assert set(figures["warm_up_s"]) == {"ours", "hf"}
+    # --profile: each column's steps under torch's profiler, logged as the JSON has them. A window that
+    # missed the decoding steps (or the generating thread's operators) would hold next to nothing: a step
+    # of this one-layer Llama with its logits processors runs a few hundred operators.
+    for column in ("ours", "hf"):
+        profile = bench[column]["step_profile"]
+        assert figures["profiles_logged"][column] == profile
+        assert profile["steps"] == 6 and profile["operators"] > 100 and 0 < profile["busy"], profile
+        assert any(name == "aten::mm" for name, _ in profile["top"]), profile["top"]

@@ -33,7 +33,10 @@
 #                   torch.compile said: CUDA graphs skipped (and why), recompiles. Each run is logged as it ends
 #                   (the eager pair first): a section stopped while compiling still reports those rates.
 #                   DECODE_EQUAL_SLOTS=1 adds HF's compiled path with as many cache slots as ours (one more
-#                   compile): what of the static gap is the cache's length, what the host's work per step
+#                   compile): what of the static gap is the cache's length, what the host's work per step.
+#                   DECODE_PROFILE=1: then one more run of each column with 32 steps under torch's profiler
+#                   (bench/step_profile.py): per step the wall time, the GPU's kernel time (so the share it
+#                   waited for the host), the kernels that took it, and the CUDA calls that launch or sync
 #   static    (90)  not in the 8 minutes: a second call, SECTIONS=static. Each family the static cache serves
 #                   (modules/static_decode.py), in fp32 on cuda:0: a chat of three turns and one asked again,
 #                   prefix cache on, our static path (compiled by transformers) against our dynamic path, reply
@@ -207,10 +210,11 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
     # cudagraphs, perf_hints: torch.compile says where it skips CUDA graphs, and why (the report lists them).
     TORCH_LOGS=cudagraphs,perf_hints,recompiles \
       project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
-      --new-tokens 128 --compiled ${DECODE_EQUAL_SLOTS:+--equal-slots} --json --model-dir "$folder"  # built when missing
+      --new-tokens 128 --compiled ${DECODE_EQUAL_SLOTS:+--equal-slots} ${DECODE_PROFILE:+--profile} --json \
+      --model-dir "$folder"  # built when missing
   else
     project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \
-      --compiled --equal-slots --json
+      --compiled --equal-slots --profile --json
   fi
 }
 

@@ -95,12 +95,14 @@ def decode_figures(work: Path) -> dict:
     if figures["bench"] is None:  # stopped before its JSON: the runs it logged
         figures["runs_logged"] = logged_runs(lines)
         figures["warm_up_s"] = {m[1]: float(m[2]) for m in map(WARM_UP.match, lines) if m}
+        figures["profiles_logged"] = {m[1]: json.loads(m[2]) for m in map(PROFILE_LINE.match, lines) if m}
     return figures
 
 
 # bench/decode.py's progress lines: "run 1        ours: ttft    63.1 ms (whole ...), 24.1 tokens/s"
 RUN_LINE = re.compile(r"run \d+ +(\w+): ttft +([\d.]+) ms.*?([\d.]+) tokens/s$")
 WARM_UP = re.compile(r"warm-up (\w+): ([\d.]+) s$")
+PROFILE_LINE = re.compile(r"profile +(\w+): (\{.*\})$")  # --profile: "profile        ours: {...}"
 
 
 def logged_runs(lines: list[str]) -> dict:
