@@ -112,6 +112,9 @@ def main(argv: list[str], logits_processors: Sequence[Union[str, type]] = ()) ->
     processor_classes = logits_processor_loader.requested_classes(shared.args.logits_processors, logits_processors)
     load_model_and_extensions()
     shared.logits_processors = logits_processor_loader.build_runner(processor_classes)
+    from modules import static_warm_up  # after the processors: the warm-up turn runs what a reply runs
+
+    static_warm_up.compile_static_decode()
     if shared.args.api:
         from modules.api import server as api_server
 

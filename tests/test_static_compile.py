@@ -89,3 +89,30 @@ def test_a_third_cache_length_compiles_nothing_more(host, family_folder):
         assert prefix_cache._kept.cache.length == context
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs == [1, 2, 2], dict(counters["stats"])
+
+
+def test_compiled_at_start_up_the_first_replies_compile_nothing(host, family_folder, monkeypatch):
+    """server.py's warm-up (modules/static_warm_up.py) with `--static-cache` where transformers compiles:
+    the step is compiled before serving, and a chat's turns after it, a picture then a follow-up, run
+    that graph without compiling again, and give Hugging Face's replies. Where transformers does not
+    compile (a CPU, by its own rule) the warm-up does nothing."""
+    from modules import static_warm_up
+    from tests.test_vlm_families_host import NEW_TOKENS
+
+    host.load(family_folder("llava"), ["multimodal"])
+    monkeypatch.setattr(shared.args, "static_cache", True)
+    static_warm_up.compile_static_decode()
+    assert counters["stats"]["unique_graphs"] == 0 and prefix_cache._kept is None
+    compiled_everywhere()
+    static_warm_up.compile_static_decode()
+    assert counters["stats"]["unique_graphs"] == 1 and prefix_cache._kept is None
+    history, turns = chat.new_history(), []
+    for text, picture in TURNS[:2]:
+        images = [png(*picture)] if picture else None
+        state = host_helpers.greedy_state(max_new_tokens=NEW_TOKENS, history=history, message_images=images)
+        history = list(chat.generate_chat_reply(text, state, loading_message=False))[-1]
+        turns.append((text, images or [], None))
+        assert history["internal"][-1][1] == hf_reply(turns)
+        turns[-1] = (text, turns[-1][1], history["internal"][-1][1])
+    assert isinstance(prefix_cache._kept.cache, static_decode.WritePositionCache)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
