@@ -25,6 +25,9 @@ differences_are_exact_ties (every such margin is 0.0: random weights in 16 bits 
 broken the other way is no defect) (+ bf16_prefill_ratio_vs_fp32 (vs_fp16 on CUDA),
 decode_tps_ratio_vs_hf, bf16_decode_tps_ratio_vs_fp32, peak_rss_gb, extension_rss_overhead for --size real).
 When bf16 tokens differ, bench/chunked_prefill.py tells whether it is the prefix cache's chunked prefill.
+`--profile` adds ttft_profiles: one more run of (c), each turn from its start to its first token under
+torch's profiler (bench/step_profile.py): its wall time, the device's working time, the kernels (on a
+CPU, operators) that took it and, on a GPU, the host's operators and runtime calls (syncs, allocations).
 
     python bench/multiturn.py                          # ~4 minutes on 2 CPU cores (5 interleaved repeats)
     python bench/multiturn.py --size real --dtype bf16 # 44 minutes on 2 CPU cores without AMX (2 repeats)
@@ -44,6 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from PIL import Image, ImageDraw
@@ -102,6 +106,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model-dir", type=str, default=None,
                         help="keep the model folder here (built when missing, reused when present)")
     parser.add_argument("--json-out", type=str, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="one more run of (c), each turn's TTFT under torch's profiler (bench/step_profile.py)")
     args = parser.parse_args()
     size = SIZES[args.size]
     for name in ("text_layers", "vision_layers", "max_new_tokens", "repeats"):
@@ -256,11 +262,13 @@ class VisionCounter:
 
 # -- The columns ---------------------------------------------------------------------------------------
 
-def host_turn(history: dict, text: str, images: list, args) -> tuple[float, float, dict, str, int]:
+def host_turn(history: dict, text: str, images: list, args,
+              at_first_token: Callable[[], None] | None = None) -> tuple[float, float, dict, str, int]:
     """(TTFT, decode tokens/s, history, reply, prompt tokens) for one turn through the host's chat.
 
     The chat yields once per generated token, then once more with the finished turn (output hooks):
     decode speed is from the first token's yield to the last token's, as the streamer times Hugging Face.
+    `at_first_token` is called at the first token's yield (`profile_turns`).
     """
     state = dict(shared.settings)
     state.update(do_sample=False, max_new_tokens=args.max_new_tokens, ban_eos_token=True, seed=0, history=history,
@@ -269,6 +277,8 @@ def host_turn(history: dict, text: str, images: list, args) -> tuple[float, floa
     times, latest = [], history
     for latest in chat.generate_chat_reply(text, state, loading_message=False):
         times.append(time.perf_counter() - started)
+        if len(times) == 1 and at_first_token is not None:
+            at_first_token()
     stats = state["generation_stats"]
     return (times[0], (stats["completion_tokens"] - 1) / max(times[-2] - times[0], 1e-9), latest,
             latest["internal"][-1][1], stats["prompt_tokens"])
@@ -292,6 +302,28 @@ def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
               f"vision images {counter.images - before}")
     result["history"] = history
     return result
+
+
+def profile_turns(args) -> list[dict]:
+    """One more run of (c), each turn from its start to its first token under torch's profiler
+    (bench/step_profile.py, a window of one "step"): where each TTFT goes, device and host."""
+    from bench import step_profile
+
+    set_caches(True)
+    side = SIZES[args.size].image_size
+    history, found = chat.new_history(), []
+    for turn in range(len(QUESTIONS)):
+        images = [png_bytes(picture(IMAGE_TURNS[turn], side))] if turn in IMAGE_TURNS else []
+        window = step_profile.StepWindow(args.device, skip=0, steps=1)
+        try:
+            window.tick()
+            history = host_turn(history, QUESTIONS[turn], images, args, at_first_token=window.tick)[2]
+            found.append({"turn": turn + 1, **window.result()})
+        except Exception as error:  # the profiler's failure costs its own figures only
+            found.append({"turn": turn + 1, "error": f"{type(error).__name__}: {error}"[:300]})
+            break
+        print(f"  (profile) turn {turn + 1}: {json.dumps(found[-1])}")
+    return found
 
 
 def same_prompts(result: dict) -> None:
@@ -491,7 +523,7 @@ def measure(model_dir: Path, args, dtype: str, columns: tuple) -> tuple[dict, di
     return {column: median_run(results) for column, results in runs.items()}, memory
 
 
-def report(args, main: dict, other: dict | None, memory: dict) -> dict:
+def report(args, main: dict, other: dict | None, memory: dict, profiles: list[dict] | None = None) -> dict:
     hf, on, limit = main["a"], main["c"], main["limit"]["ttft"]
     rows = []
     off = main.get("b")
@@ -543,6 +575,8 @@ def report(args, main: dict, other: dict | None, memory: dict) -> dict:
             statistics.median(bf16["tps"]) / statistics.median(base["tps"]), 3)
         summary["peak_rss_gb"] = round(memory["peak_rss_gb"], 2)
         summary["extension_rss_overhead"] = round(memory["rss_with_extension_gb"] / memory["rss_bare_gb"] - 1, 4)
+    if profiles is not None:
+        summary["ttft_profiles"] = profiles
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps({"args": vars(args), "device": device_name(args), "turns": rows,
                                                "memory": memory, "summary": summary}, indent=2))
@@ -581,12 +615,13 @@ def main() -> None:
             build_model(model_dir, args)
         columns = ("c", "a", "limit") if args.size == "real" else ("b", "c", "a", "limit")
         main_runs, memory = measure(model_dir, args, args.dtype, columns)
+        profiles = profile_turns(args) if args.profile else None
         other = None
         if args.size == "real":  # the same weights in the other dtype, our host only
             other_dtype = base_dtype(args) if args.dtype == "bf16" else "bf16"
             other, other_memory = measure(model_dir, args, other_dtype, ("c",))
             memory[f"{other_dtype}_tower_gb"] = other_memory["tower_gb"]
-        print(json.dumps(report(args, main_runs, other, memory)))
+        print(json.dumps(report(args, main_runs, other, memory, profiles)))
 
 
 if __name__ == "__main__":

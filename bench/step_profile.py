@@ -13,7 +13,11 @@ decode steps, never the prefill or what a turn does once. Per step:
   top:        the kernels (operators) that took most of the step, microseconds each;
   host_calls: on a GPU, the CUDA runtime's calls per step: launches (cudaLaunchKernel, cudaGraphLaunch)
               and those that wait for the device (cudaStreamSynchronize, a cudaMemcpyAsync to the
-              host): each wait stops the host from queueing the next kernels ahead.
+              host): each wait stops the host from queueing the next kernels ahead;
+  host_top:   on a GPU, the host's operators and runtime calls that took most of its time (a sync's
+              time is its wait).
+A window of one "step" from a turn's start to its first token (skip 0) shows where a TTFT goes
+(bench/multiturn.py `--profile`).
 The profiler slows every launch: compare columns with one another, not with the unprofiled rates.
 """
 from __future__ import annotations
@@ -68,17 +72,23 @@ class StepWindow:
             raise RuntimeError(f"the reply ended after {self.ticks} steps, before the window's "
                                f"{self.skip + 1 + self.steps}")
         work: dict[str, float] = {}
+        host: dict[str, float] = {}  # on a GPU: the host's side, operators' dispatch and the runtime's calls
         calls: dict[str, int] = {}
         kernels = 0
         for event in self.prof.key_averages():
             if self.device == "cuda" and event.device_type == DeviceType.CUDA:
                 work[event.key] = work.get(event.key, 0.0) + event.self_device_time_total
                 kernels += event.count
-            elif self.device == "cuda" and event.key.startswith("cuda"):  # the runtime: launches, copies, syncs
-                calls[event.key] = calls.get(event.key, 0) + event.count
-            elif self.device != "cuda" and event.device_type == DeviceType.CPU:
+                continue
+            if event.device_type != DeviceType.CPU:
+                continue
+            if self.device != "cuda":
                 work[event.key] = work.get(event.key, 0.0) + event.self_cpu_time_total
                 kernels += event.count
+                continue
+            host[event.key] = host.get(event.key, 0.0) + event.self_cpu_time_total
+            if event.key.startswith("cuda"):  # the runtime: launches, copies, syncs
+                calls[event.key] = calls.get(event.key, 0) + event.count
         wall_us = self.wall / self.steps * 1e6
         device_us = sum(work.values()) / self.steps
         top = sorted(work.items(), key=lambda item: -item[1])[:TOP]
@@ -88,4 +98,6 @@ class StepWindow:
                   "top": [[name[:100], round(us / self.steps, 1)] for name, us in top]}
         if self.device == "cuda":
             result["host_calls"] = {name: round(count / self.steps, 2) for name, count in sorted(calls.items())}
+            result["host_top"] = [[name[:100], round(us / self.steps, 1)]
+                                  for name, us in sorted(host.items(), key=lambda item: -item[1])[:TOP]]
         return result
