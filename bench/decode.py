@@ -112,11 +112,9 @@ def log(args, message: str) -> None:
 
 def write_history(args) -> dict:
     """The four turns before the measured one, answered by our host (pictures on turns 1 and 3)."""
-    side = multiturn.SIZES[args.size].image_size
     history = chat.new_history()
     for turn in range(HISTORY_TURNS):
-        images = [multiturn.png_bytes(multiturn.picture(multiturn.IMAGE_TURNS[turn], side))] \
-            if turn in multiturn.IMAGE_TURNS else None
+        images = multiturn.turn_images(args, turn) or None
         for history in chat.generate_chat_reply(multiturn.QUESTIONS[turn], turn_state(args, history, images),
                                                 loading_message=False):
             pass

@@ -192,6 +192,11 @@ def picture(colour: str, size: int) -> Image.Image:
     return image
 
 
+def turn_images(args, turn: int) -> list[bytes]:
+    """The pictures sent with `turn` (0-based): one on the turns of IMAGE_TURNS, none on the others."""
+    return [png_bytes(picture(IMAGE_TURNS[turn], SIZES[args.size].image_size))] if turn in IMAGE_TURNS else []
+
+
 def png_bytes(image: Image.Image) -> bytes:
     import io
 
@@ -286,12 +291,11 @@ def host_turn(history: dict, text: str, images: list, args,
 
 def run_host(args, label: str, caches: bool, counter: VisionCounter) -> dict:
     set_caches(caches)
-    side = SIZES[args.size].image_size
     history = chat.new_history()
     result = {"ttft": [], "tps": [], "replies": [], "vision_images": [], "reused": [], "prompt_tokens": []}
     for turn in range(len(QUESTIONS)):
         before = counter.images
-        images = [png_bytes(picture(IMAGE_TURNS[turn], side))] if turn in IMAGE_TURNS else []
+        images = turn_images(args, turn)
         with host_helpers.reused_tokens() as reused:
             ttft, tps, history, reply, prompt_tokens = host_turn(history, QUESTIONS[turn], images, args)
         result["reused"].append(sum(reused))
@@ -310,10 +314,9 @@ def profile_turns(args) -> list[dict]:
     from bench import step_profile
 
     set_caches(True)
-    side = SIZES[args.size].image_size
     history, found = chat.new_history(), []
     for turn in range(len(QUESTIONS)):
-        images = [png_bytes(picture(IMAGE_TURNS[turn], side))] if turn in IMAGE_TURNS else []
+        images = turn_images(args, turn)
         window = step_profile.StepWindow(args.device, skip=0, steps=1)
         try:
             window.tick()
