@@ -9,11 +9,14 @@ product's functions, as bench/picture_once.py counts them). After its turn, a pi
 neither decoded nor processed again: its ids and its embedding are kept (`embedding_cache_mb`).
 
 The model: llava-hf with LLaVA-1.5's real CLIP-336 processor, a tiny tower and language model
-(bench/picture_once.py's), random weights, 4 greedy new tokens a turn. Pictures: 640x480 and
-4032x3024 (a 12 MP phone camera's), quality 90.
+(bench/picture_once.py's), random weights, 4 greedy new tokens a turn; its chat template a string
+template, or with `--hub-template` llava-hf's own as on the hub, which takes content only as typed
+parts (the host then renders each picture as an image part). Pictures: 640x480 and 4032x3024 (a 12 MP
+phone camera's), quality 90.
 
-    python bench/photo_chat.py            # medians of 3 chats per size
-    python bench/photo_chat.py --smoke    # one chat per size
+    python bench/photo_chat.py                   # medians of 3 chats per size
+    python bench/photo_chat.py --hub-template    # the same with llava-hf's own chat template
+    python bench/photo_chat.py --smoke           # one chat per size
 
 Prints a table and one JSON object; the ratio is the text turns' TTFT with phone photos over small.
 """
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.picture_once import Counter, build_llava, machine, photo_jpeg  # noqa: E402
-from fixtures import host_helpers  # noqa: E402
+from fixtures import host_helpers, tiny_models, vlm_families  # noqa: E402
 from modules import chat  # noqa: E402
 
 SIZES = {"small": (640, 480), "phone": (4032, 3024)}
@@ -78,12 +81,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="one chat per size")
     parser.add_argument("--chats", type=int, default=3)
+    parser.add_argument("--hub-template", action="store_true", help="llava-hf's own chat template (typed parts)")
     args = parser.parse_args()
     chats = 1 if args.smoke else args.chats
     with tempfile.TemporaryDirectory() as tmp:
         saved = host_helpers.snapshot()
         try:
-            host_helpers.load(build_llava(Path(tmp) / "llava"), ["multimodal"])
+            template = vlm_families.hub_template("llava") if args.hub_template else tiny_models.CHAT_TEMPLATE
+            host_helpers.load(build_llava(Path(tmp) / "llava", template), ["multimodal"])
             counter = Counter()
             turn(chat.new_history(), "Warm up.", [photo_jpeg((64, 48), 1)])
             results = {name: medians([one_chat(size, 100 * c, counter) for c in range(chats)])
@@ -94,7 +99,8 @@ def main() -> None:
                        lambda row: f"{row['ttft_s'] * 1000:.1f}, {row['decodes']:g}, {row['processor runs']:g}")
     print(json.dumps({"text_turn_ttft_ms": {name: round(value * 1000, 1) for name, value in text.items()},
                       "phone_over_small": round(text["phone"] / text["small"], 1), "chats": chats,
-                      "model": "llava-hf, CLIP-336 processor, tiny", "machine": machine(),
+                      "model": "llava-hf, CLIP-336 processor, tiny",
+                      "chat_template": "llava-hf's own" if args.hub_template else "string", "machine": machine(),
                       "turns": {name: rows for name, rows in results.items()}}))
 
 

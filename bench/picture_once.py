@@ -57,7 +57,7 @@ STATE = {"add_bos_token": True, "truncation_length": 32768, "max_new_tokens": 16
 COLUMNS = {"kept": (256, True), "upload's pixels not kept": (256, False), "not kept": (0, False)}
 
 
-def build_llava(path: Path) -> Path:
+def build_llava(path: Path, chat_template: str = tiny_models.CHAT_TEMPLATE) -> Path:
     from transformers import CLIPImageProcessor, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
     tokenizer = tiny_models.build_tokenizer()
@@ -69,7 +69,7 @@ def build_llava(path: Path) -> Path:
     image_processor = CLIPImageProcessor(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336},
                                          image_mean=CLIP_MEAN, image_std=CLIP_STD)
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
-                               vision_feature_select_strategy="default", chat_template=tiny_models.CHAT_TEMPLATE,
+                               vision_feature_select_strategy="default", chat_template=chat_template,
                                num_additional_image_tokens=1)
     return vlm_families.save(path, LlavaForConditionalGeneration, config, processor, seed=0)
 

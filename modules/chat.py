@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-from modules import chat_templates, shared
+from modules import chat_templates, picture_stand_ins, shared
 from modules.extensions import apply_extensions
 from modules.html_generator import IMAGE_CAPTION, IMAGE_CAPTION_RE
 from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length, stop_requested
@@ -87,16 +87,17 @@ def build_messages(history: list[list[str]], user_input: str | None, state: dict
 
 
 def render_messages(messages: list[dict], state: dict, continue_last: bool = False) -> str:
-    """The prompt: the messages, then the bot's prefix (through the `bot_prefix` hook) unless continuing."""
+    """The prompt: the messages, then the bot's prefix (through the `bot_prefix` hook) unless continuing.
+    The pictures' tags are set aside while the template renders (`picture_stand_ins`: megabytes each)."""
+    pattern = apply_extensions("image_tag_pattern")
+    messages, tags = picture_stand_ins.set_aside(messages, pattern)
     if continue_last:
-        return render(messages, continue_last=True)
+        return picture_stand_ins.put_back(render(messages, continue_last=True), tags, pattern)
     body, prompt = render(messages), render(messages, add_generation_prompt=True)
     if not prompt.startswith(body):  # a template that rewrites earlier text when asked for the prefix
         body = prompt
-    prefix = prompt[len(body):]
-    bot_prefix = apply_extensions("bot_prefix", prefix, state)
-    # With pictures in the history the prompt runs to megabytes: copied again only for a changed prefix.
-    return prompt if bot_prefix == prefix else body + bot_prefix
+    bot_prefix = apply_extensions("bot_prefix", prompt[len(body):], state)
+    return picture_stand_ins.put_back(body + bot_prefix, tags, pattern)
 
 
 def render(messages: list[dict], add_generation_prompt: bool = False, continue_last: bool = False) -> str:

@@ -37,7 +37,7 @@ from transformers import LogitsProcessor as HFLogitsProcessor
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from modules import model_inputs, prefix_cache, shared, static_decode
+from modules import model_inputs, picture_stand_ins, prefix_cache, shared, static_decode
 from modules.extensions import apply_extensions, iterator
 from modules.logging_colors import logger
 from modules.logits_processors import RequestParams
@@ -232,14 +232,16 @@ def tokenized_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, tor
 def text_for_plain_ids(question: str) -> str:
     """The prompt to tokenize before the `tokenizer` hook runs.
 
-    Image tags carry tens of kilobytes of base64 each; the extension that writes them (it says so
+    Image tags carry kilobytes to megabytes of base64 each; the extension that writes them (it says so
     through `image_tag_pattern`) replaces the ids of such prompts in its `tokenizer_modifier`, so
-    the tags are left out here instead of tokenized on every turn.
+    the tags are left out here instead of tokenized on every turn. A chat prompt's text without them
+    is known from its render (`picture_stand_ins`); any other prompt is searched for tags here.
     """
     pattern = apply_extensions("image_tag_pattern")
     if pattern is None or not any(hasattr(ext, "tokenizer_modifier") for ext, _ in iterator()):
         return question
-    return pattern.sub("", question)
+    plain = picture_stand_ins.plain_text(question)  # a chat prompt: known from its render
+    return plain if plain is not None else pattern.sub("", question)
 
 
 # All model compute (the tokenizer hook's vision forward, prefill, decoding) runs on one long-lived
