@@ -9,7 +9,7 @@ Image tags are the loaded extensions' business: the `image_tag_pattern` hook giv
 Gradio (`gradio_api/file=`): the chat is rendered again at every streamed update, and a phone photo's
 data is megabytes, which the page would otherwise receive again each time (tens of megabytes an
 update with a few photos). Data that is not valid base64 stays a data URL, which shows nothing.
-A message with pictures is rendered once (`RenderedMessages`). A picture's cost caption (`IMAGE_CAPTION`, which the host
+A message with pictures is rendered once (`RENDERED`, a `MessageMemo`). A picture's cost caption (`IMAGE_CAPTION`, which the host
 writes right after the tag in the visible text only) is shown under that picture. Every other piece
 of text, whatever it looks like, is shown as text. Visible text is stored HTML-escaped
 (text-generation-webui's convention), so each text run is unescaped once and escaped again: text
@@ -24,13 +24,12 @@ import base64
 import binascii
 import html
 import re
-import threading
 import urllib.parse
-from collections import OrderedDict
 from typing import Optional
 
 
 from modules.extensions import apply_extensions
+from modules.message_memo import MessageMemo
 
 # Characters html.escape leaves alone that template engines treat as syntax. Gradio 6's gr.HTML
 # puts its value into a JS-template/Handlebars `html_template`; 6.31 does not re-evaluate the value
@@ -76,33 +75,8 @@ def image_tag_pattern() -> Optional[re.Pattern]:
     return apply_extensions("image_tag_pattern")
 
 
-class RenderedMessages:
-    """Messages with pictures, rendered, by their text: bounded by the text they hold. The key is the
-    history's own string, so while the chat holds it nothing is copied."""
-
-    def __init__(self, max_chars: int):
-        self.max_chars, self.chars = max_chars, 0
-        self.entries: OrderedDict[tuple, str] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple) -> Optional[str]:
-        with self.lock:
-            if key in self.entries:
-                self.entries.move_to_end(key)
-            return self.entries.get(key)
-
-    def put(self, key: tuple, rendered: str) -> None:
-        with self.lock:
-            if key not in self.entries:
-                self.entries[key] = rendered
-                self.chars += len(key[0])
-            while self.chars > self.max_chars:
-                evicted, _ = self.entries.popitem(last=False)
-                self.chars -= len(evicted[0])
-
-
 # A live chat's messages are the history's own strings; this bounds what chats already gone leave held.
-RENDERED = RenderedMessages(max_chars=256 * 2**20)
+RENDERED = MessageMemo(max_chars=256 * 2**20)
 
 
 def picture_source(mime: str, data: str) -> str:

@@ -24,15 +24,14 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-import sys
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
+from modules.message_memo import MessageMemo
+
 # In every stand-in's data, so no text a user sends holds a stand-in (base64 characters only).
 KEY = secrets.token_hex(8)
-MEMO_BYTES = 256 * 2**20  # the kept messages' texts, counted as Python holds them
 RECENT_PROMPTS = 2  # prompts whose plain text is kept: a turn's, and one put together meanwhile
 
 
@@ -44,8 +43,9 @@ class SetAside:
 
 
 _numbers = itertools.count()  # each stand-in's own number: stand-ins from different messages never meet
-_memo: OrderedDict[tuple[str, str], tuple[SetAside, int]] = OrderedDict()  # (aside, bytes held)
-_memo_bytes = 0
+# A live chat's messages are the history's own strings; this bounds what chats already gone leave held
+# (a message's text with stand-ins is short, its tags as long as the text).
+SET_ASIDE = MessageMemo(max_chars=128 * 2**20)
 _recent: list[tuple[str, str]] = []  # (prompt, its plain text), newest last
 _lock = threading.Lock()
 
@@ -67,21 +67,11 @@ def set_aside(messages: list[dict], pattern: Optional[re.Pattern]) -> tuple[list
 
 
 def message_set_aside(content: str, pattern: re.Pattern) -> SetAside:
-    global _memo_bytes
-    key = (pattern.pattern, content)
-    with _lock:
-        kept = _memo.get(key)
-        if kept is not None:
-            _memo.move_to_end(key)
-            return kept[0]
-    aside = stand_ins(content, pattern)
-    size = sys.getsizeof(content) + sum(sys.getsizeof(tag) for tag in aside.tags.values())
-    with _lock:
-        if key not in _memo:
-            _memo[key] = (aside, size)
-            _memo_bytes += size
-        while _memo_bytes > MEMO_BYTES and len(_memo) > 1:
-            _memo_bytes -= _memo.popitem(last=False)[1][1]
+    key = (content, pattern.pattern)
+    aside = SET_ASIDE.get(key)
+    if aside is None:
+        aside = stand_ins(content, pattern)
+        SET_ASIDE.put(key, aside)
     return aside
 
 

@@ -11,6 +11,7 @@ import pytest
 from fixtures import host_helpers, vlm_families
 from fixtures.vlm_families import png
 from modules import chat, picture_stand_ins, shared
+from modules.message_memo import MessageMemo
 from modules.extensions import apply_extensions
 from modules.text_generation import text_for_plain_ids
 
@@ -71,10 +72,14 @@ def test_a_picture_is_searched_for_once_across_turns(host, llava_dir, monkeypatc
     assert searched == ["And then, at last?"], "only the new message is searched"
 
 
-def test_the_kept_messages_stay_within_their_bound(host, llava_dir, monkeypatch):
-    host.load(llava_dir, ["multimodal"])
-    history = chat_with_pictures()
-    monkeypatch.setattr(picture_stand_ins, "MEMO_BYTES", 4096)
-    chat.generate_chat_prompt("A message no test sent before?", host_helpers.greedy_state(history=history))
-    assert picture_stand_ins._memo_bytes <= 4096 or len(picture_stand_ins._memo) == 1
-    assert picture_stand_ins._memo_bytes == sum(size for _, size in picture_stand_ins._memo.values())
+def test_the_kept_messages_stay_within_their_bound():
+    """`MessageMemo` (the set-aside messages' and the chat's HTML): the least recently used text goes first."""
+    memo = MessageMemo(max_chars=10)
+    memo.put(("abcd", "p"), 1)
+    memo.put(("efgh", "p"), 2)
+    assert memo.get(("abcd", "p")) == 1  # now the most recently used
+    memo.put(("ijkl", "p"), 3)
+    assert memo.get(("efgh", "p")) is None and memo.get(("abcd", "p")) == 1 and memo.get(("ijkl", "p")) == 3
+    assert memo.chars == 8
+    memo.put(("a text longer than the bound", "p"), 4)
+    assert memo.chars <= 10 and memo.get(("abcd", "p")) is None
