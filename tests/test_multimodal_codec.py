@@ -158,7 +158,9 @@ def fresh_decode(data: bytes) -> np.ndarray:
 
 
 def counted_decodes(monkeypatch) -> list:
+    """Calls of the codec's decode from here on, with no picture known as stored before (an earlier test's)."""
     calls = []
+    monkeypatch.setattr(image_codec, "_kept_as_sent", image_codec.BoundedLRU(2**20))
     monkeypatch.setattr(image_codec, "decode_opened", lambda *a, **k: calls.append(1) or DECODE(*a, **k))
     return calls
 
@@ -213,3 +215,26 @@ def test_pictures_never_read_are_kept_within_a_bound(monkeypatch):
     for data in pictures:
         store_bytes(data)
     assert len(image_codec._stored_pixels) == 3
+
+
+def test_a_picture_sent_again_is_not_decoded_again_under_the_same_limits(monkeypatch):
+    """An OpenAI-style client sends every picture of the conversation again with each request."""
+    decodes = counted_decodes(monkeypatch)
+    data = encoded(noise_image(11, (48, 40)), "JPEG")
+    first = store_bytes(data)
+    assert store_bytes(bytes(data)) == first and len(decodes) == 1, "the same bytes again: not decoded again"
+    assert store_bytes(data, max_pixels=10**6) == first and len(decodes) == 2, "another limit: checked again"
+    with pytest.raises(image_codec.ImageDecodeError, match="more than the limit of 1,000"):
+        store_bytes(data, max_pixels=1000)
+    converted = encoded(noise_image(12), "WEBP", lossless=True)
+    assert store_bytes(converted) == store_bytes(converted) and len(decodes) == 4, "a picture stored changed: each time"
+
+
+def test_a_broken_picture_sent_again_is_refused_again(monkeypatch):
+    decodes = counted_decodes(monkeypatch)
+    whole = encoded(noise_image(13, (64, 64)), "PNG")
+    broken = whole[:len(whole) // 2]  # the header reads, the pixels do not
+    for _ in range(2):
+        with pytest.raises(image_codec.ImageDecodeError, match="truncated or corrupt"):
+            store_bytes(broken)
+    assert len(decodes) == 2

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from dataclasses import dataclass
 from io import BytesIO
@@ -46,6 +47,11 @@ DEFAULT_MAX_PIXELS = DEFAULT_PARAMS["max_image_pixels"]
 # not shared: a pipeline may modify its picture). Pictures never read are evicted past this size.
 STORED_PIXELS_BYTES = 160 * 2**20
 _stored_pixels = BoundedLRU(STORED_PIXELS_BYTES)
+# Pictures stored as sent, by the SHA-256 of their bytes and the limits they were checked under: an
+# OpenAI-style client sends every picture of the conversation again with each request, and checking a
+# phone photo again means decoding it (~60 ms for 12 MP), where hashing its bytes takes ~3. Only the
+# pictures that passed are kept (a small entry each): a broken one is decoded, and refused, every time.
+_kept_as_sent = BoundedLRU(2**20)
 JPEG_QUALITY = 90
 WHITE = (255, 255, 255)
 # How pictures are stored in the history (the `history_image_format` param).
@@ -282,12 +288,19 @@ def check_history_format(history_format: str) -> str:
 def store_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image",
                 history_format: str = EXACT, max_side: Optional[int] = None) -> Stored:
     """Bytes in any Pillow format -> what the history keeps. Decodes them once (a broken or oversized
-    picture raises ImageDecodeError now, not at generation time); `max_side` bounds the `jpeg` format."""
+    picture raises ImageDecodeError now, not at generation time); `max_side` bounds the `jpeg` format.
+    The same bytes stored as sent before, under the same limits, are not decoded again."""
+    key = (hashlib.sha256(data).digest(), max_pixels, check_history_format(history_format), max_side)
+    mime = _kept_as_sent.get(key)
+    if mime is not None:
+        return Stored(data, mime, changed=False)
     image = open_image(data, max_pixels, label)
     pixels = decode_opened(image, label)
     stored = stored_as(data, KEPT_FORMATS.get(image.format), pixels, history_format, max_side)
     if not stored.changed:  # its bytes decode to these pixels (a PNG written from them too)
         _stored_pixels.put(stored.data, pixels, pixel_nbytes(pixels) + len(stored.data))
+    if stored.data is data:
+        _kept_as_sent.put(key, stored.mime, 128)
     return stored
 
 
