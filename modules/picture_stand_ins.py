@@ -11,7 +11,8 @@ So the tags are set aside before rendering (`set_aside`). Each message carries a
 same tag with its data replaced by a short key. The stand-in still matches the pattern, so a template
 and `chat_templates` take it for a picture. The rendered text gets the tags back in one pass
 (`put_back`). A message's text with stand-ins is kept, keyed by the message's text (a history keeps
-its strings from turn to turn), so each picture's tag is searched for once, not at every render.
+its strings from turn to turn; an API request's equal strings find them too), so each picture's tag
+is searched for once, not at every render.
 
 The prompt without its tags, which the host tokenizes before the `tokenizer` hook replaces those ids
 (`text_generation.text_for_plain_ids`), is the rendered text without its stand-ins: `plain_text` gives
