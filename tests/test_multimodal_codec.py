@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from io import BytesIO
 
 import numpy as np
@@ -43,8 +44,14 @@ def regex_tags(text: str) -> list:
 @settings(max_examples=400, deadline=None)
 @given(st.lists(TAG_PIECES, max_size=40).map("".join))
 def test_find_tags_finds_what_the_tag_pattern_matches(text):
-    assert [tuple(tag) for tag in find_tags(text)] == regex_tags(text)
+    assert [found(tag) for tag in find_tags(text)] == regex_tags(text)
     assert has_tag(text) == (IMAGE_TAG_RE.search(text) is not None)
+
+
+def found(tag) -> tuple:
+    """A tag as `regex_tags` gives it, after checking its digest."""
+    assert tag.digest == hashlib.sha256(tag.data.encode("ascii")).digest()
+    return tag.start, tag.end, tag.mime, tag.data
 
 
 def test_find_tags_on_a_chat_with_real_tags_and_broken_ones():
@@ -54,9 +61,29 @@ def test_find_tags_on_a_chat_with_real_tags_and_broken_ones():
               '<img src="data:image/png;base64,QUJD"', '<img src="data:image/png;base64,QUJDé">']
     text = (f"USER: {real[0]}{broken[0]} what?\n" + "".join(broken[1:]) +
             f'\nUSER: <img src="data:image/{real[1]} and{broken[-1]}')  # a tag right after a broken head
-    found = list(find_tags(text))
-    assert [text[tag.start:tag.end] for tag in found] == real
-    assert [tuple(tag) for tag in found] == regex_tags(text)
+    tags = list(find_tags(text))
+    assert [text[tag.start:tag.end] for tag in tags] == real
+    assert [found(tag) for tag in tags] == regex_tags(text)
+
+
+
+def jpeg_tag(data: str) -> str:
+    return image_codec.TAG_TEMPLATE.format(mime="image/jpeg", data=data)
+
+
+def test_data_read_again_is_not_checked_again_and_only_equal_data_is_taken_for_it(monkeypatch):
+    monkeypatch.setattr(image_codec, "_checked_data", image_codec.BoundedLRU(2**20))
+    data = base64.b64encode(bytes(range(256)) * 40).decode("ascii")
+    first = next(find_tags(f"USER: {jpeg_tag(data)} What is it?"))
+    again = next(find_tags(f"USER: hi\nASSISTANT: hello\nUSER: {jpeg_tag(data)}"))
+    assert again.data is first.data and again.digest is first.digest, "the string checked before, not a new slice"
+    wide = next(find_tags(f"USER: été 🙂 {jpeg_tag(data)}"))  # a text stored four bytes a character
+    assert wide.data is first.data and wide.start == len("USER: été 🙂 ")
+    # The same length and the same last characters (the memo's key), other data: its own, or none.
+    other = "B" + data[1:]
+    assert found(next(find_tags(jpeg_tag(other))))[3] == other
+    assert not has_tag(jpeg_tag("-" + data[1:])) and not has_tag(jpeg_tag("é" + data[1:]))
+    assert next(find_tags(jpeg_tag(data))).data == data
 
 
 def test_the_jpeg_history_format_round_trip_keeps_the_pixels_close():
@@ -137,6 +164,7 @@ def test_sixteen_bit_grey_is_scaled_not_clipped():
     assert grey.mode == "I;16"
     image = decode_image_bytes(encoded(grey, "PNG"))
     assert abs(image.getpixel((0, 0))[0] - 128) <= 1
+
 
 
 def test_regex_reads_the_technical_description_s_tag_and_png():

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extensions.multimodal.core import prompt_encoding
+from extensions.multimodal.core import image_codec, prompt_encoding
 from extensions.multimodal.core.bounded_lru import BoundedLRU
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, tag_b64_to_image
 from extensions.multimodal.core.multimodal_embedder import EmbeddingCountError
@@ -375,8 +375,10 @@ def test_large_pictures_are_laid_out_and_decoded_once_per_chat(llama, monkeypatc
 def test_a_prompt_measured_then_encoded_is_split_and_hashed_once(llama, monkeypatch):
     """A chat turn measures its prompt, then encodes the same string: its tags are found and hashed once
     (counted at `split_prompt` and at SHA-256), each call still gets parts of its own to lay out, and
-    another string, even with the same text, is split anew."""
+    another string, even with the same text, is split anew, its pictures known by their data (the next
+    turn's prompt holds them again)."""
     embedder = make("fake-varying", add_all_images_to_prompt=True)
+    monkeypatch.setattr(image_codec, "_checked_data", BoundedLRU(2**30))  # no picture seen before
     prompt = "".join(f"turn {i} {phone_sized_tag(i)}" for i in range(2)) + " last question"
     splits = counted(monkeypatch, type(embedder.prompts).split, "split_prompt")
     hashed, sha256 = [], hashlib.sha256
@@ -391,6 +393,7 @@ def test_a_prompt_measured_then_encoded_is_split_and_hashed_once(llama, monkeypa
     assert second[1].input_ids is None
     assert embedder.len_in_tokens("".join([prompt[:10], prompt[10:]])) == length
     assert len(splits) == 2
+    assert sum(size > prompt_encoding.MEMO_BYTES // 2 for size in hashed) == 2, "not hashed again"
 
 
 def test_text_memo_returns_what_encode_returns(llama, monkeypatch):

@@ -52,18 +52,13 @@ class PromptEncoder:
 
     def split(self, prompt: str) -> List[PromptPart]:
         """The prompt's parts, a fresh copy for each call (the caller lays them out in place). The last
-        prompt's split is kept, with the digests of the pictures it embeds: a chat turn measures its
-        prompt, then encodes the same string, and with phone photos in the history finding, slicing
-        and hashing their tags takes tens of milliseconds a time. Keeping it holds that one prompt until
-        the next one comes."""
+        prompt's split is kept: a chat turn measures its prompt, then encodes the same string, and with
+        phone photos in the history finding and slicing their tags takes milliseconds a time. Keeping
+        it holds that one prompt until the next one comes."""
         last = self._last_split
         if last is None or last[0] is not prompt:
             parts = split_prompt(self.pipeline.prompt_text(prompt), self.pipeline.image_start(),
                                  self.pipeline.image_end())
-            embedded = self.images_to_embed(parts)
-            for part in parts:
-                if part.is_image and part.index in embedded:
-                    part.digest  # noqa: B018 - hashed once here; each copy below carries it
             last = self._last_split = (prompt, parts)
         return [copy.copy(part) for part in last[1]]
 

@@ -8,9 +8,7 @@ These functions know nothing about tokenizers, models or pixels: `prompt_encodin
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from functools import cached_property
 from typing import List, Optional, Tuple
 
 import torch
@@ -29,13 +27,9 @@ class PromptPart:
     layout: Optional[object] = None  # an image's ImageLayout (its ids, and what the model's route needs)
     features: Optional[torch.Tensor] = None  # an embedded image's feature rows (rows, hidden)
     picture: Optional[object] = None  # an image's decoded PIL picture, kept from laying it out, for embedding it
-
-    @cached_property
-    def digest(self) -> bytes:
-        """An image's identity for the caches: the SHA-256 of its base64 data. A key holding it, not the
-        data, stays small however large the picture (a phone photo's tag holds megabytes), and hashing the
-        text costs less than decoding it (~7 ms for 10 MB)."""
-        return hashlib.sha256(self.b64.encode("ascii")).digest()
+    # An image's identity for the caches: the SHA-256 of its base64 data (`Tag.digest`). A key holding
+    # it, not the data, stays small however large the picture (a phone photo's tag holds megabytes).
+    digest: Optional[bytes] = None
 
 
 def n_tokens(part: PromptPart) -> int:
@@ -52,7 +46,8 @@ def split_prompt(prompt: str, image_start: Optional[str], image_end: Optional[st
     for index, tag in enumerate(find_tags(prompt)):
         text = prompt[position:tag.start]
         parts.append(PromptPart(text=(end if index > 0 else "") + text + start))
-        parts.append(PromptPart(text=prompt[tag.start:tag.end], is_image=True, b64=tag.data, index=index))
+        parts.append(PromptPart(text=prompt[tag.start:tag.end], is_image=True, b64=tag.data, index=index,
+                                digest=tag.digest))
         position = tag.end
     parts.append(PromptPart(text=(end if parts else "") + prompt[position:]))
     return parts
