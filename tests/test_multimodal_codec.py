@@ -167,6 +167,25 @@ def test_sixteen_bit_grey_is_scaled_not_clipped():
 
 
 
+def test_another_reader_is_sent_the_pixels_read_here():
+    """A remote engine (vLLM) reads a picture's bytes with Pillow's plain `convert("RGB")`: the same
+    pixels as here for every picture but a 16-bit greyscale PNG, which goes as the 8-bit pixels read here."""
+    def plainly_read(url: str) -> np.ndarray:
+        return np.asarray(Image.open(BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB"))
+
+    ramp = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (8, 1))
+    pictures = {"16-bit grey": Image.fromarray(ramp), "8-bit grey": Image.fromarray((ramp >> 8).astype(np.uint8)),
+                "RGB": noise_image(3), "grey and alpha": solid_image((90, 255), mode="LA")}
+    for name, picture in pictures.items():
+        tag_text = store_bytes(encoded(picture, "PNG")).tag
+        tag = next(find_tags(tag_text))
+        url = image_codec.as_read_data_url(tag)
+        assert np.array_equal(plainly_read(url), np.asarray(tag_b64_to_image(tag.data))), name
+        assert (url == f"data:image/png;base64,{tag.data}") == (name != "16-bit grey"), name
+    jpeg = next(find_tags(store_bytes(encoded(noise_image(4), "JPEG")).tag))
+    assert image_codec.as_read_data_url(jpeg) == f"data:image/jpeg;base64,{jpeg.data}"
+
+
 def test_regex_reads_the_technical_description_s_tag_and_png():
     """The technical description's exact tag, and `image/png` for lossless pictures; nothing looser."""
     for mime in ("image/jpeg", "image/png"):

@@ -2,7 +2,8 @@
 text-generation-webui with the extension's engine: tgw/remote_generation.py).
 
 The engine (vLLM) gets the prompt's text with each tag replaced by the text the model's chat template
-writes for a picture, and the pictures themselves: the bytes each tag holds, as data URLs. Its own
+writes for a picture, and the pictures themselves: the bytes each tag holds, as data URLs (a 16-bit
+greyscale PNG as the 8-bit pixels read here: `image_codec.as_read_data_url`). Its own
 processor expands each placeholder, as the checkpoint's processor does here, so the costs this module
 reports (`state[IMAGE_TOKENS]`, from the same layouts the local engine uses) are the engine's.
 Every picture in the prompt is sent whole: an engine takes no placeholder rows, so the setting that
@@ -15,8 +16,8 @@ from __future__ import annotations
 from typing import Optional
 
 from extensions.multimodal.core import image_budget, served_model
-from extensions.multimodal.core.defaults import IMAGE_TOKENS, wants_bos
-from extensions.multimodal.core.image_codec import find_tags
+from extensions.multimodal.core.defaults import IMAGE_TOKENS, max_image_pixels, wants_bos
+from extensions.multimodal.core.image_codec import as_read_data_url, find_tags
 from extensions.multimodal.core.prompt_encoding import PromptEncoder, PromptTooLongError
 from extensions.multimodal.core.prompt_parts import count_images, n_tokens
 from modules.text_generation import get_max_prompt_length
@@ -48,7 +49,7 @@ def engine_prompt(prompt: str, state: dict, params: dict) -> Optional[dict]:
     state[IMAGE_TOKENS] = [n_tokens(part) for part in parts if part.is_image]
     pieces = [prompt[start:end] for start, end in zip([0] + [tag.end for tag in tags],
                                                       [tag.start for tag in tags] + [len(prompt)])]
-    return {"pieces": pieces, "images": [f"data:{tag.mime};base64,{tag.data}" for tag in tags],
+    return {"pieces": pieces, "images": [as_read_data_url(tag, max_image_pixels(params)) for tag in tags],
             "placeholder": placeholder, "processor_kwargs": pipeline.processor_kwargs(budget)}
 
 

@@ -60,6 +60,8 @@ _kept_as_sent = BoundedLRU(2**20)
 CHECKED_DATA_CHARS = 128 * 2**20
 _checked_data = BoundedLRU(CHECKED_DATA_CHARS)
 DATA_KEY_TAIL = 64  # the data's last characters in its key: a JPEG's first ones are alike
+_as_read = BoundedLRU(32 * 2**20)  # `as_read_data_url`'s re-encoded pictures, by digest (rare: small)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_QUALITY = 90
 WHITE = (255, 255, 255)
 # How pictures are stored in the history (the `history_image_format` param).
@@ -234,6 +236,29 @@ def decode_opened(image: Image.Image, label: str = "the image") -> Image.Image:
 def tag_b64_to_image(b64: str, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
     """The base64 part of an image tag -> a loaded, upright RGB image."""
     return decode_image_bytes(b64_to_bytes(b64, label), max_pixels, label)
+
+
+def as_read_data_url(tag: Tag, max_pixels: int = DEFAULT_MAX_PIXELS) -> str:
+    """The tag's picture as a data URL that another reader (a vLLM engine) reads as this codec does: the
+    bytes as sent, except a 16-bit greyscale PNG's. Pillow's plain `convert("RGB")`, which vLLM runs,
+    clips those values at 255 (a nearly white picture) where `to_8bit_gray` scales them: that picture
+    goes as an 8-bit PNG of the pixels read here, made once."""
+    if not is_16_bit_grey_png(tag):
+        return f"data:{tag.mime};base64,{tag.data}"
+    url = _as_read.get((tag.digest, max_pixels))
+    if url is None:
+        png = image_to_png_bytes(tag_b64_to_image(tag.data, max_pixels))
+        url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+        _as_read.put((tag.digest, max_pixels), url, len(url))
+    return url
+
+
+def is_16_bit_grey_png(tag: Tag) -> bool:
+    """From the PNG's IHDR chunk, which comes first: bit depth 16, colour type 0 (Pillow's `I;16`)."""
+    if tag.mime != "image/png" or len(tag.data) < 44:
+        return False
+    head = base64.b64decode(tag.data[:44])  # 33 bytes: the signature, then IHDR's length, name and data
+    return head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR" and head[24:26] == b"\x10\x00"
 
 
 def image_for_counting(b64: str, max_pixels: int = DEFAULT_MAX_PIXELS, label: str = "the image") -> Image.Image:
