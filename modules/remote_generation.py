@@ -20,6 +20,8 @@ from modules.engine import EngineChunk, EngineRequest
 from modules.extensions import apply_extensions
 from modules.logits_processors import RequestParams
 
+ENGINE_STOPS = 4  # the most stopping strings vLLM takes by default (VLLM_MAX_STOP_STRINGS), as OpenAI
+
 
 def remote_replies(question: str, state: dict, stopping_strings: list[str], params: RequestParams) -> Iterator[str]:
     """Cumulative reply texts; counts and the finish go to `state['generation_stats']`. The stop button
@@ -98,8 +100,8 @@ def sampling(state: dict, stopping_strings: list[str], greedy: bool) -> dict[str
     else:
         fields.update(temperature=float(state["temperature"]), top_p=float(state["top_p"]),
                       top_k=int(state.get("top_k") or 0) or -1)
-    if stopping_strings:
-        fields["stop"] = list(stopping_strings)  # the engine stops early; the host cuts at them too
+    if stopping_strings:  # the engine stops early at the first few; the host cuts at them all
+        fields["stop"] = list(stopping_strings)[:ENGINE_STOPS]
     eos = getattr(shared.tokenizer, "eos_token_id", None)
     if state.get("ban_eos_token") and eos is not None:
         fields["logit_bias"] = {str(eos): -100}  # OpenAI's strongest bias: never chosen

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
@@ -75,6 +76,17 @@ def wide_picture(colour: str, fmt: str = "PNG") -> bytes:
     return buffer.getvalue()
 
 
+def grey_16_bit_circle() -> bytes:
+    """A dark circle on a light ground in a 16-bit greyscale PNG (Pillow's `I;16`), as scanners and
+    medical pictures come: read plainly, its values clip at 255 and it is nearly all white."""
+    values = np.full((96, 96), 60000, np.uint16)
+    rows, columns = np.mgrid[:96, :96]
+    values[(rows - 48) ** 2 + (columns - 48) ** 2 < 20 ** 2] = 500
+    buffer = io.BytesIO()
+    Image.fromarray(values).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def outcome(response: httpx.Response) -> tuple:
     assert response.status_code == 200, response.text
     body = response.json()
@@ -105,6 +117,7 @@ CONVERSATIONS = {
                    {"role": "user", "content": "What color is the shape?"},
                    {"role": "assistant", "content": "It is red."}, user("Describe the image.", TRIANGLE)],
     "a greeting, no picture": [{"role": "user", "content": "Hello"}],
+    "a 16-bit greyscale PNG": [user("Describe the image.", grey_16_bit_circle())],
 }
 
 
@@ -159,6 +172,15 @@ def test_stops_and_limits_match_the_local_engine(hosts, fields):
     remote, local = hosts
     messages = CONVERSATIONS["shape"]
     assert outcome(chat(remote, messages, **fields)) == outcome(chat(local, messages, **fields))
+
+
+def test_more_stopping_strings_than_vllm_takes(hosts):
+    """vLLM takes four: it is sent the first four, and the host cuts at the rest itself."""
+    remote, local = hosts
+    for stops in (["zz0", "zz1", "zz2", "circle", "zz4"], ["zz0", "zz1", "zz2", "zz3", "circle", "zz5"]):
+        on_vllm, on_local = outcome(chat(remote, CONVERSATIONS["shape"], stop=stops)), \
+            outcome(chat(local, CONVERSATIONS["shape"], stop=stops))
+        assert on_vllm[:3] == on_local[:3] and on_vllm[1] == "stop" and "circle" not in on_vllm[0], stops
 
 
 def test_a_completion_prompt_gets_the_local_engine_bos_and_reply(hosts):
