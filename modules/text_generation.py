@@ -156,14 +156,27 @@ class StopOnEvent(StoppingCriteria):
 
 
 def set_seed(seed: int) -> int:
+    """Seeds torch with any seed it takes (64 bits, as text-generation-webui and OpenAI clients send),
+    and Python's and NumPy's generators, which take 32, with the seed modulo 2**32."""
     if seed is None or int(seed) == -1:
         seed = random.randint(1, 2**31)
-    transformers.set_seed(int(seed))
-    return int(seed)
+    seed = int(seed)
+    transformers.set_seed(seed % 2**32)
+    if seed != seed % 2**32:
+        torch.manual_seed(seed)  # every device's generator, as transformers' set_seed does
+    return seed
+
+
+# A positive temperature below this samples at it, as vLLM does: logits divided by 1e-38 overflow float32.
+MIN_TEMPERATURE = 1e-2
 
 
 def is_greedy(state: dict) -> bool:
     return not state.get("do_sample", True) or float(state.get("temperature", 1.0)) == 0
+
+
+def sampling_temperature(state: dict) -> float:
+    return max(float(state.get("temperature", 1.0)), MIN_TEMPERATURE)
 
 
 # Hugging Face's samplers and penalties that the state has no key for, at the values that turn them
@@ -185,7 +198,7 @@ def sampling_params(state: dict) -> dict[str, Any]:
         # that the state's temperature and top_p are ignored.
         params.update(do_sample=False, temperature=None, top_p=None, top_k=None, **dict.fromkeys(SAMPLERS_OFF))
     else:
-        params.update(do_sample=True, temperature=float(state["temperature"]), top_p=float(state["top_p"]),
+        params.update(do_sample=True, temperature=sampling_temperature(state), top_p=float(state["top_p"]),
                       top_k=int(state.get("top_k") or 0), **SAMPLERS_OFF)
     eos = shared.tokenizer.eos_token_id
     pad = shared.tokenizer.pad_token_id
@@ -204,7 +217,7 @@ def request_params(state: dict) -> RequestParams:
     greedy = is_greedy(state)
     return RequestParams(
         extra_args=copy.deepcopy(args) if args else None,  # a processor may keep or change its copy
-        greedy=greedy, temperature=0.0 if greedy else float(state.get("temperature", 1.0)),
+        greedy=greedy, temperature=0.0 if greedy else sampling_temperature(state),
         top_p=float(state.get("top_p") or 1.0), top_k=int(state.get("top_k") or 0),
         max_new_tokens=int(state["max_new_tokens"]))
 
@@ -443,8 +456,8 @@ def generate_reply_HF(question: str, original_question: str, state: dict, stoppi
     `shared.generation_lock`. Records token counts and an EOS finish in `state['generation_stats']`."""
     stats = state.setdefault("generation_stats",
                              {"prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "length"})
+    stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
     if shared.engine is not None:
-        stops = list(stopping_strings or []) + get_custom_stopping_strings(state)
         yield from remote_replies(question, state, stops, request_params(state))
         return
     skip_special = state.get("skip_special_tokens", True)
@@ -454,13 +467,28 @@ def generate_reply_HF(question: str, original_question: str, state: dict, stoppi
         if isinstance(event, PromptReady):
             stats["prompt_tokens"] = event.tokens
             continue
-        text = reply.add(event)
+        text = add_until_stop(reply, event, stops)
         stats["completion_tokens"] = len(reply.ids)
         yield text
     if reply.ids and reply.finish() != text:  # the whole decode, where a step's text was not exact
         yield reply.text
     if reply.ids and reply.ids[-1] == shared.tokenizer.eos_token_id:
         stats["finish_reason"] = "stop"
+
+
+def add_until_stop(reply: ReplyText, ids: list[int], stops: list[str]) -> str:
+    """The reply's text after `ids`, taken one at a time up to the one that completes a stopping string:
+    tokens that came together (the update interval merges them) are not counted past the stop, which
+    the caller cuts at (`cut_at_stops`), as vLLM counts."""
+    if not stops:
+        return reply.add(ids)
+    longest = max(len(s) for s in stops)
+    for token in ids:
+        seen = len(reply.text)
+        text = reply.add([token])
+        if any(s in text[max(seen - longest + 1, 0):] for s in stops):
+            break
+    return text
 
 
 def count_custom_tokens(question: str, reply: str, stats: dict) -> None:

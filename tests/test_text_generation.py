@@ -96,6 +96,25 @@ def test_stopping_string_cuts_the_reply(llama):
     assert state["generation_stats"]["finish_reason"] == "stop"
 
 
+
+def test_tokens_that_came_together_are_counted_up_to_the_stop(llama):
+    """A fast reply's tokens come merged into one update (here one a second); with a stopping string the
+    count ends at the token that completes it, as vLLM counts, not at the last one generated."""
+    prompt = "Hello world"
+    ids = encode(prompt)
+    direct = shared.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                                   suppress_tokens=[shared.tokenizer.eos_token_id],
+                                   pad_token_id=shared.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+    full = decode(direct)
+    stop = decode(direct[:10]).rstrip()[-2:]  # whichever token first completes it
+    needed = next(n for n in range(1, 21) if stop in decode(direct[:n]))
+    assert 2 < needed < 18, (stop, needed)
+    state = llama.greedy_state(max_new_tokens=20, ban_eos_token=True, max_updates_second=1)
+    replies = list(generate_reply(prompt, state, stopping_strings=[stop]))
+    assert replies[-1] == full[:full.find(stop)] and len(replies) <= 3, "the tokens came merged"
+    assert state["generation_stats"]["completion_tokens"] == needed
+
+
 def test_stop_flag_interrupts(llama):
     state = llama.greedy_state(max_new_tokens=200, ban_eos_token=True, max_updates_second=0)
     seen = []
