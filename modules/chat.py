@@ -117,22 +117,35 @@ def render_plain(messages: list[dict], add_generation_prompt: bool) -> str:
 
 
 def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
-    """The prompt for `user_input` after `kwargs['history']`, dropping the oldest turns until it fits."""
+    """The prompt for `user_input` after `kwargs['history']`, without the fewest oldest turns that make
+    it fit, as text-generation-webui drops them one at a time. Each turn dropped shortens the prompt,
+    so that number is searched for by halves: a long chat past its context renders a few prompts a
+    turn, not one per turn dropped."""
     history = kwargs.get("history", state["history"])["internal"]
     _continue = kwargs.get("_continue", False)
-    turns = [list(t) for t in history]
     max_length = get_max_prompt_length(state)
-    while True:
-        if _continue:
-            messages = build_messages(turns, None, state)
-        else:
-            messages = build_messages(turns, user_input, state)
-        prompt = render_messages(messages, state, continue_last=_continue)
-        # Keep at least the turn being answered; the tokenizer hook truncates what still does not fit.
-        if len(turns) <= (1 if _continue else 0) or get_encoded_length(prompt) <= max_length:
-            tell_dropped_turns(history[:len(history) - len(turns)], state, max_length)
-            return prompt
-        turns.pop(0)
+
+    def prompt_without(dropped: int) -> str:
+        turns = [list(t) for t in history[dropped:]]
+        messages = build_messages(turns, None, state) if _continue else build_messages(turns, user_input, state)
+        return render_messages(messages, state, continue_last=_continue)
+
+    # Keep at least the turn being answered; the tokenizer hook truncates what still does not fit.
+    most = max(len(history) - (1 if _continue else 0), 0)
+    prompt, dropped = prompt_without(0), 0
+    if most > 0 and get_encoded_length(prompt) > max_length:
+        too_few = 0  # dropping this many does not fit; dropping `most` is the last resort
+        prompt, dropped = None, most
+        while dropped - too_few > 1:
+            middle = (too_few + dropped) // 2
+            candidate = prompt_without(middle)
+            if get_encoded_length(candidate) <= max_length:
+                prompt, dropped = candidate, middle
+            else:
+                too_few = middle
+        prompt = prompt if prompt is not None else prompt_without(dropped)
+    tell_dropped_turns(history[:dropped], state, max_length)
+    return prompt
 
 
 def tell_dropped_turns(dropped: list, state: dict, max_length: int) -> None:

@@ -62,6 +62,35 @@ def test_oldest_turns_are_dropped_until_the_prompt_fits(llama):
     assert get_encoded_length(chat.render_messages(one_more, state)) > get_max_prompt_length(state), "dropped no more than needed"
 
 
+
+@pytest.mark.parametrize("continue_last", [False, True])
+def test_the_fewest_oldest_turns_are_dropped_with_a_few_renders(llama, monkeypatch, continue_last):
+    """The prompt is the one dropping the oldest turns one at a time until it fits gives (nothing fits:
+    all but the turn answered go), found with a few renders: a long chat past its context is not
+    rendered once per turn dropped."""
+    renders, render = [], chat.render_messages
+    monkeypatch.setattr(chat, "render_messages", lambda *a, **k: renders.append(1) or render(*a, **k))
+    history = history_of(120)
+    kept = set()
+    for truncation in (100, 230, 700, 1500, 8000):
+        state = llama.greedy_state(history=history, truncation_length=truncation, max_new_tokens=50)
+        expected = one_at_a_time(history["internal"], state, continue_last)
+        renders.clear()
+        assert chat.generate_chat_prompt("Last question?", state, _continue=continue_last) == expected
+        assert len(renders) <= 9, "log2(120) renders, the whole chat's and the last one's"
+        kept.add(expected.count("Question number"))
+    assert min(kept) == (1 if continue_last else 0) and max(kept) == 120 and len(kept) == 5
+
+
+def one_at_a_time(internal: list, state: dict, continue_last: bool) -> str:
+    for dropped in range(len(internal) + 1):
+        turns = internal[dropped:]
+        messages = chat.build_messages(turns, None if continue_last else "Last question?", state)
+        prompt = chat.render_messages(messages, state, continue_last=continue_last)
+        if len(turns) <= continue_last or get_encoded_length(prompt) <= get_max_prompt_length(state):
+            return prompt
+
+
 def test_a_turn_streams_and_lands_in_both_histories(llama):
     state = llama.greedy_state(max_new_tokens=6, ban_eos_token=True)
     outputs = list(chat.chatbot_wrapper("Hello <i>there</i>", state))
