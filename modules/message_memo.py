@@ -5,7 +5,8 @@ host reads every message again at every turn and every streamed update. What it 
 (its HTML, its text with the pictures set aside) is kept under a key that begins with the text itself:
 while the chat holds that string nothing is copied, and looking it up hashes it once (a Python string
 keeps its hash). Bounded by the characters of the texts it keeps, the least recently used going first;
-thread-safe. Values are shared: callers must not modify them.
+thread-safe. Values are shared: callers must not modify them. The API keeps what it decoded from a
+request's data URLs the same way, by the URL (an OpenAI-style client sends each picture again).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Paths: `/image.png` (a real PNG), `/big` (more bytes than a test's cap, no Content-Length),
 `/big-declared` (a huge Content-Length), `/slow` (one byte every 0.2 s), `/redirect?to=URL`
-(a 302 to URL), anything else 404. Every request path is recorded in `.requests`.
+(a 302 to URL), `/cut-short` (fewer bytes than its Content-Length), `/bad-gzip` (a body its
+Content-Encoding does not decode), anything else 404. Every request path is recorded in `.requests`.
 """
 from __future__ import annotations
 
@@ -67,6 +68,12 @@ class ImageServer:
                         self.wfile.write(b"\0")
                         self.wfile.flush()
                         time.sleep(0.2)
+                elif path == "/cut-short":
+                    self.reply(200, server.image[:100], {"Content-Type": "image/png", "Content-Length": "5000"})
+                    self.close_connection = True
+                elif path == "/bad-gzip":
+                    self.reply(200, b"\x1f\x8b\x08\x00" + bytes(60), {"Content-Type": "image/png",
+                                                                      "Content-Encoding": "gzip", "Content-Length": "64"})
                 elif path == "/redirect":
                     self.reply(302, b"", {"Location": query["to"][0], "Content-Length": "0"})
                 else:

@@ -159,6 +159,37 @@ def test_seed_makes_sampling_repeatable(llama_api):
     assert len(others | {first}) > 1, "different seeds give different samples"
 
 
+
+def test_seeds_take_64_bits(llama_api):
+    """OpenAI clients and text-generation-webui take any 64-bit seed; NumPy's generator, which takes 32,
+    must not refuse one."""
+    client = llama_api.client()
+    kwargs = dict(model="any", prompt="Hello", max_tokens=12, temperature=1.0, top_p=1.0,
+                  extra_body={"ban_eos_token": True})
+    for seed in (5_000_000_000, 2**64 - 1, -2):
+        first, second = (client.completions.create(**kwargs, seed=seed).choices[0].text for _ in range(2))
+        assert first == second, seed
+    response = httpx.post(f"{llama_api.url}/completions", json={"prompt": "Hello", "seed": 2**64}, timeout=60)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "seed"
+
+
+def test_null_stream_and_n_empty_prompts_and_tiny_temperatures_are_taken(llama_api):
+    """OpenAI's schema lets `stream` and `n` be null and the prompt be empty; a temperature too small to
+    divide by samples at vLLM's smallest (0.01)."""
+    for path, body in (("chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "stream": None,
+                                             "n": None}),
+                       ("completions", {"prompt": "", "stream": None}),
+                       ("chat/completions", {"messages": [{"role": "user", "content": "Hello"}],
+                                             "temperature": 1e-38, "seed": 3})):
+        response = httpx.post(f"{llama_api.url}/{path}", json={"max_tokens": 4, **body}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["object"] != "chat.completion.chunk"
+    greedy = llama_api.client().chat.completions.create(messages=[{"role": "user", "content": "Hello"}], **GREEDY)
+    tiny = llama_api.client().chat.completions.create(messages=[{"role": "user", "content": "Hello"}],
+                                                      **{**GREEDY, "temperature": 1e-30})
+    assert tiny.choices[0].message.content == greedy.choices[0].message.content, "0.01 samples the greedy tokens"
+
+
 @pytest.fixture(scope="module")
 def sampler_defaults_api(sampler_defaults_llama_dir):
     with api_helpers.serving(sampler_defaults_llama_dir) as api:

@@ -24,7 +24,9 @@ from modules import shared
 from modules.api.capped_read import TooLarge, read_capped
 from modules.api.config import APIConfig, is_public_address
 from modules.api.errors import APIError
+from modules.api import image_fetch
 from modules.api.image_fetch import fetch_image_bytes
+from modules.message_memo import MessageMemo
 from fixtures import api_helpers, host_helpers
 from tests.image_server import BIG_BYTES, ImageServer
 
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GREEDY = {"model": "any", "temperature": 0, "max_tokens": 6}
 HELLO = {"messages": [{"role": "user", "content": "Hello"}], **GREEDY}
 PNG = api_helpers.image_bytes("red", "circle")
+DATA_URL_BYTES = image_fetch.data_url_bytes
 
 
 def allow_only_port(port: int):
@@ -184,8 +187,23 @@ def test_unknown_routes_are_404(llama_api):
     for method, path in (("GET", "/v1/nope"), ("POST", "/v1/engines/x/completions"), ("GET", "/")):
         response = httpx.request(method, llama_api.url.removesuffix("/v1") + path)
         assert_error(response, 404, "Unknown route")
-    assert_error(httpx.get(f"{llama_api.url}/chat/completions"), 405)
+    refused = httpx.get(f"{llama_api.url}/chat/completions")
+    assert_error(refused, 405)
+    assert refused.headers["allow"] == "POST"
     assert_still_serving(llama_api)
+
+
+def test_a_page_from_another_origin_may_call_the_api(llama_api):
+    """As text-generation-webui's API: a browser's preflight is answered for any origin, and so is the
+    request that follows (chat front-ends that run in the page)."""
+    origin = {"Origin": "http://chat.example"}
+    preflight = httpx.options(f"{llama_api.url}/chat/completions", headers={
+        **origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert preflight.headers["access-control-allow-origin"] == "http://chat.example"
+    answer = llama_api.post("/chat/completions", json=HELLO, headers=origin)
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "http://chat.example"
 
 
 # -- Remote image URLs, at the fetch layer (no model needed) ----------------------------------------
@@ -257,6 +275,19 @@ def test_oversized_remote_image_is_413(image_server, path):
     assert raised.value.status == 413 and "limit" in raised.value.message
 
 
+@pytest.mark.parametrize("path,words", [("/cut-short", "RemoteProtocolError"), ("/bad-gzip", "DecodingError")])
+def test_a_body_that_cannot_be_read_is_400(image_server, path, words):
+    with pytest.raises(APIError, match=f"body could not be read: {words}") as raised:
+        fetch(image_server.url(path), APIConfig(address_allowed=allow_only_port(image_server.port)))
+    assert raised.value.status == 400
+
+
+def test_a_port_out_of_range_is_400():
+    with pytest.raises(APIError, match="the port 99999, outside 1-65535") as raised:
+        fetch("http://93.184.215.14:99999/x.png")
+    assert raised.value.status == 400
+
+
 def test_data_urls_are_capped_and_checked():
     url = api_helpers.data_url(b"\0" * 4096)
     with pytest.raises(APIError) as raised:
@@ -267,6 +298,23 @@ def test_data_urls_are_capped_and_checked():
                        ("data:text/html;base64,PGI+", "not an image"), ("data:image/png;base64,", "no data")):
         with pytest.raises(APIError, match=words):
             fetch(bad)
+
+
+def test_a_data_url_sent_again_is_not_decoded_again_under_the_same_cap(monkeypatch):
+    """An OpenAI-style client sends every picture again with each request (counted at the decode)."""
+    decoded = []
+    monkeypatch.setattr(image_fetch, "DECODED", MessageMemo(max_chars=2**20))
+    monkeypatch.setattr(image_fetch, "data_url_bytes", lambda *a: decoded.append(a[0]) or DATA_URL_BYTES(*a))
+    url, other = api_helpers.data_url(b"\1" * 4096), api_helpers.data_url(b"\2" * 4096)
+    assert fetch(url) == fetch("".join([url[:9], url[9:]])) == b"\1" * 4096  # an equal string, as a request's
+    assert fetch(other) == b"\2" * 4096 and decoded == [url, other]
+    with pytest.raises(APIError) as raised:
+        fetch(url, APIConfig(max_image_bytes=1024))
+    assert raised.value.status == 413
+    for _ in range(2):
+        with pytest.raises(APIError, match="cannot be decoded"):
+            fetch("data:image/png;base64,@@@")
+    assert len(decoded) == 5, "a refused URL is decoded, and refused, every time"
 
 
 # -- Through the API with the multimodal extension ------------------------------------------------------

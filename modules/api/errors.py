@@ -58,7 +58,9 @@ def install_handlers(app: FastAPI) -> None:
             message = f"Unknown route {request.method} {request.url.path}. Routes: GET /v1/models, " \
                       f"POST /v1/chat/completions, POST /v1/completions"
             return await api_error(request, APIError(404, message, code="unknown_url"))
-        return await api_error(request, APIError(error.status_code, str(error.detail)))
+        response = await api_error(request, APIError(error.status_code, str(error.detail)))
+        response.headers.update(error.headers or {})  # a 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:

@@ -12,6 +12,7 @@ This module does not decode images or build prompts.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +38,6 @@ class Message:
     text: str = ""
     images: list[bytes] = field(default_factory=list)
 
-    def merge(self, other: "Message") -> "Message":
-        return Message(f"{self.text}\n{other.text}", self.images + other.images)
 
 
 @dataclass
@@ -121,15 +120,12 @@ def to_chat_input(messages: list[tuple[str, Message]]) -> ChatInput:
     system = "\n\n".join(m.text for role, m in messages if role in SYSTEM_ROLES and m.text)
     turns: list[list] = []  # [user Message, assistant text]
     pending_user: Message | None = None
-    for role, message in messages:
+    for role, message in merged_runs([(role, m) for role, m in messages if role not in SYSTEM_ROLES]):
         if role == "user":
-            pending_user = message if pending_user is None else pending_user.merge(message)
-        elif role == "assistant":
-            if pending_user is None and turns:
-                turns[-1][1] = f"{turns[-1][1]}\n{message.text}"
-            else:
-                turns.append([pending_user or Message(), message.text])
-                pending_user = None
+            pending_user = message
+        else:  # an assistant message answers the user's before it, or opens the chat
+            turns.append([pending_user or Message(), message.text])
+            pending_user = None
     done = [(user.text, user.images, bot) for user, bot in turns]
     if pending_user is not None:
         return ChatInput(system, done, pending_user, continue_last=False)
@@ -137,3 +133,13 @@ def to_chat_input(messages: list[tuple[str, Message]]) -> ChatInput:
         raise APIError(400, "messages holds no user or assistant message: add {\"role\": \"user\", \"content\": ...}",
                        param="messages")
     return ChatInput(system, done, Message(), continue_last=True)
+
+
+def merged_runs(messages: list[tuple[str, Message]]) -> list[tuple[str, Message]]:
+    """Consecutive messages of one role as one: their texts a line apart, their pictures in order
+    (joined once: merging them pairwise copied the text so far at each message)."""
+    runs = []
+    for role, run in itertools.groupby(messages, key=lambda item: item[0]):
+        run = [message for _, message in run]
+        runs.append((role, Message("\n".join(m.text for m in run), [image for m in run for image in m.images])))
+    return runs

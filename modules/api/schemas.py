@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from modules.api.errors import APIError
 
@@ -27,7 +27,7 @@ class GenerationParams(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = Field(None, max_length=16)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2**63, le=2**64 - 1)  # what torch takes, as text-generation-webui
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one generation at a time: several choices would queue behind each other
@@ -42,13 +42,19 @@ class GenerationParams(BaseModel):
     logits_processor_args: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
 
+    @field_validator("stream", "n", mode="before")
+    @classmethod
+    def null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """OpenAI's schema lets both be null; clients that send every field of theirs send it."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
 
 class ChatCompletionRequest(GenerationParams):
     messages: list[dict[str, Any]] = Field(min_length=1)
 
 
 class CompletionRequest(GenerationParams):
-    prompt: str | list[str] = Field(min_length=1)
+    prompt: str | list[str]  # "" too: OpenAI generates from the start of a document
 
 
 def parse_body(model: type[BaseModel], body: bytes) -> Any:

@@ -11,6 +11,7 @@ import time
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from modules import shared
 from modules.api.config import APIConfig, bind_host, config_from_args
@@ -23,6 +24,10 @@ def create_app(config: APIConfig | None = None) -> FastAPI:
     config = config if config is not None else config_from_args(shared.args)
     app = FastAPI(title="OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
+    # Any origin, as text-generation-webui's API: chat front-ends that run in the browser call it from
+    # their page (a preflight first). `--api-key` is what guards it.
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
+                       allow_headers=["*"])
     app.include_router(build_router(config))
     return app
 
