@@ -204,11 +204,18 @@ def take_inputs(text: str, history: dict, *extension_values) -> tuple:
     return (text, len(history["internal"]), *pending, "", *([None] * len(extension_values)))
 
 
-def restore_unsent_text(text: str, history: dict, turns_before: int):
-    """A message that did not become a turn (its generation failed) goes back to the textbox: nothing typed is lost."""
+def restore_unsent(text: str, history: dict, turns_before: int, *pending_then_current) -> tuple:
+    """A message that did not become a turn (its generation failed, a picture could not be read) goes
+    back: its words to the textbox, and each extension input's value (its pictures) to that input unless
+    something new was put there meanwhile. Nothing sent is lost; the notice says what to change."""
+    count = len(pending_then_current) // 2
+    pending, current = pending_then_current[:count], pending_then_current[count:]
     if len(history["internal"]) > turns_before:
-        return gr.update()
-    return strip_image_tags(text)
+        values = (gr.update(),) * (1 + count)
+    else:
+        values = (strip_image_tags(text), *(value if value and not now else gr.update()
+                                            for value, now in zip(pending, current)))
+    return values if count else values[0]  # Gradio takes one output's value bare
 
 
 def remove_last(history: dict) -> tuple[str, dict, str]:
@@ -314,8 +321,8 @@ def wire_send(params: list, options: list) -> None:
                 queue=False, show_progress="hidden").then(
             send, [g["last_input"], g["history"], *params, *pending, *options], [g["display"], g["history"]],
             show_progress="hidden").then(
-            restore_unsent_text, [g["last_input"], g["history"], turns_before], g["textbox"],
-            queue=False, show_progress="hidden").then(
+            restore_unsent, [g["last_input"], g["history"], turns_before, *pending, *ext_inputs],
+            [g["textbox"], *ext_inputs], queue=False, show_progress="hidden").then(
             context_meter, [g["history"], *params, *ext_inputs, *options], g["context_meter"], show_progress="hidden")
 
 

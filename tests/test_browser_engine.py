@@ -100,7 +100,11 @@ def test_a_refused_picture_shows_vllms_reason_and_the_chat_goes_on(browser, chat
     notice = page.locator("#chat-history .notice")
     notice.wait_for(timeout=60_000)
     assert "refused the request" in notice.inner_text()
+    # Nothing sent is lost: the four pictures are back, pending, for the user to choose from.
+    page.wait_for_function("document.querySelectorAll('#multimodal-preview img').length === 4", timeout=30_000)
     screenshot(page, "engine-browser/refused.png")
+    page.locator("#multimodal-images button[aria-label='Clear']").click()
+    page.wait_for_function("document.querySelectorAll('#multimodal-preview img').length === 0", timeout=30_000)
     attach(page, pictures["blue square"])
     send(page, "What shape is this?")
     page.wait_for_function("!document.querySelector('#chat-history .notice')", timeout=60_000)  # the next turn began

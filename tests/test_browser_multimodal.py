@@ -181,7 +181,7 @@ def upload_until_listed(page, path: Path) -> None:
     raise AssertionError(f"the image input never listed {path.name}")
 
 
-def test_a_broken_image_gives_a_notice_and_the_text_comes_back(llava_server, browser, tmp_path):
+def test_a_broken_image_gives_a_notice_and_the_message_comes_back(llava_server, browser, tmp_path):
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n but not really")
     page = open_chat(browser, llava_server)
@@ -192,7 +192,12 @@ def test_a_broken_image_gives_a_notice_and_the_text_comes_back(llava_server, bro
     assert page.locator("#chat-history .user").count() == 0, "no half turn in the history"
     page.wait_for_function("document.querySelector('#chat-input textarea').value === 'What is in this one?'",
                            timeout=30_000)
+    # Nothing sent is lost: the picture is back in the input, for the user to remove or replace.
+    listed = "document.querySelector('#multimodal-images').innerText.includes('broken')"  # "broken" ".png" apart
+    page.wait_for_function(listed, timeout=30_000)
     screenshot(page, "browser_multimodal_broken_image.png")
+    page.locator("#multimodal-images button[aria-label='Clear']").click()
+    page.wait_for_function(f"!{listed}", timeout=30_000)
     send(page, "Hello")  # the session still works; the new render replaces the notice
     page.wait_for_function("!document.querySelector('#chat-history .notice')", timeout=60_000)
     wait_for_reply(page, 1)

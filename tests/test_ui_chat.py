@@ -114,19 +114,25 @@ def test_send_reads_and_clears_inputs_before_generating(harness):
         assert g["display"]._id in then[0]["outputs"] and g["history"]._id in then[0]["outputs"]
         assert interface.fns[first["id"]].fn is ui_chat.take_inputs
         restore = [d for d in config["dependencies"] if d["trigger_after"] == then[0]["id"]]
-        assert interface.fns[restore[0]["id"]].fn is ui_chat.restore_unsent_text
-        assert restore[0]["inputs"] == [text_state, g["history"]._id, turns_state]
+        assert interface.fns[restore[0]["id"]].fn is ui_chat.restore_unsent
+        assert restore[0]["inputs"] == [text_state, g["history"]._id, turns_state, note_state, note]
+        assert restore[0]["outputs"] == [textbox, note]
     empty = chat.new_history()
     assert ui_chat.take_inputs("hi", empty, ["a.png"]) == ("hi", 0, ["a.png"], "", None)
     assert ui_chat.take_inputs("hi", empty, []) == ("hi", 0, None, "", None)
 
 
-def test_a_message_whose_turn_failed_goes_back_to_the_textbox(host):
+def test_a_message_whose_turn_failed_goes_back_with_its_pictures(host):
+    """Its words to the textbox, each extension input's value to its input (unless the user put
+    something new there meanwhile); a message that became a turn changes nothing."""
     extensions.state["multimodal"] = [True, 0]  # the extension that writes image tags (its hooks only)
     one_turn = {"internal": [["Hi", "Hello."]], "visible": [["Hi", "Hello."]]}
     tag = '<img src="data:image/jpeg;base64,AAAA">'
-    assert ui_chat.restore_unsent_text(f"{tag}What is this?", one_turn, 1) == "What is this?"
-    assert ui_chat.restore_unsent_text("What is this?", one_turn, 0) == gr.update()
+    assert ui_chat.restore_unsent(f"{tag}What is this?", one_turn, 1, ["a.png"], None) == ("What is this?", ["a.png"])
+    assert ui_chat.restore_unsent("What?", one_turn, 1, ["a.png"], ["b.png"]) == ("What?", gr.update())
+    assert ui_chat.restore_unsent("What?", one_turn, 1, None, None) == ("What?", gr.update())
+    assert ui_chat.restore_unsent("What is this?", one_turn, 0, ["a.png"], None) == (gr.update(), gr.update())
+    assert ui_chat.restore_unsent("What?", one_turn, 1) == "What?", "the textbox alone: its value bare"
 
 
 def test_generate_streams_the_same_reply_as_the_chat_module(llama):
@@ -285,7 +291,7 @@ def test_the_context_meter_counts_the_next_prompt_as_the_tokenizer_does(llama):
     # Measured after a turn, Regenerate, Remove last, Clear and Load, and when the two lengths change.
     measured_after = {d["trigger_after"] for d in handlers(interface, ui_chat.context_meter)}
     functions = {interface.fns[i].fn for i in measured_after if i is not None}
-    assert functions == {ui_chat.restore_unsent_text, ui_chat.regenerate_in_session, ui_chat.remove_last,
+    assert functions == {ui_chat.restore_unsent, ui_chat.regenerate_in_session, ui_chat.remove_last,
                          ui_chat.clear_history, ui_chat.load}
     triggers = {tuple(t) for d in handlers(interface, ui_chat.context_meter) for t in d["targets"]}
     for name in ("max_new_tokens", "truncation_length"):
