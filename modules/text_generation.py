@@ -482,7 +482,7 @@ def add_until_stop(reply: ReplyText, ids: list[int], stops: list[str]) -> str:
     the caller cuts at (`cut_at_stops`), as vLLM counts."""
     if not stops:
         return reply.add(ids)
-    longest = max(len(s) for s in stops)
+    longest, text = max(len(s) for s in stops), reply.text
     for token in ids:
         seen = len(reply.text)
         text = reply.add([token])

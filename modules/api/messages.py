@@ -39,7 +39,6 @@ class Message:
     images: list[bytes] = field(default_factory=list)
 
 
-
 @dataclass
 class ChatInput:
     system_message: str
