@@ -64,11 +64,14 @@ def new_state(history: dict | None = None, **values: Any) -> dict:
     """A generation `state`, built the one way for the UI, the API and tests: every setting
     (`shared.settings`), then the caller's own `values` (the UI's parameters and per-message inputs, a
     request's overrides), the history (a new one when None) and no notices yet. The two lengths are
-    made whole numbers, whichever widget or body gave them."""
+    made whole numbers, whichever widget or body gave them; the context is at most a remote engine's
+    (it would refuse a longer prompt, where old turns can be left out here)."""
     state = dict(shared.settings)
     state.update(values)
     state["max_new_tokens"] = int(state["max_new_tokens"])
     state["truncation_length"] = int(state["truncation_length"])
+    if shared.engine is not None and shared.engine.max_model_len:
+        state["truncation_length"] = min(state["truncation_length"], shared.engine.max_model_len)
     state["history"] = new_history() if history is None else history
     state["notices"] = []
     return state

@@ -60,6 +60,9 @@ class ServedModel:
 
 class RemoteEngine(ABC):
     concurrent = True  # replies run side by side; the engine batches them
+    # The engine's context (vLLM's --max-model-len) once `served_model` has told it: no prompt and reply
+    # go past it, whatever truncation_length a request sets (`chat.new_state`).
+    max_model_len: Optional[int] = None
     # The host's logits-processor classes the engine runs too (`--logits-processors` beside `--engine-url`).
     logits_processors: tuple = ()
 

@@ -57,9 +57,9 @@ class OpenAIChatEngine(RemoteEngine):
         if chosen not in names:
             raise EngineUnavailableError(f"The {self.description} does not serve {chosen!r}; it serves: {', '.join(names)}.")
         entry = listed[names.index(chosen)]
-        self.model = chosen
         length = entry.get("max_model_len")
-        return ServedModel(chosen, int(length) if isinstance(length, int) else None)
+        self.model, self.max_model_len = chosen, int(length) if isinstance(length, int) and length > 0 else None
+        return ServedModel(chosen, self.max_model_len)
 
     def check(self) -> None:
         """One token through a request template: refused unless vLLM trusts request templates."""

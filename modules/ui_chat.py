@@ -292,8 +292,15 @@ def create_parameters() -> None:
         g["max_new_tokens"] = gr.Slider(1, 4096, value=s["max_new_tokens"], step=1, label="max_new_tokens")
         g["temperature"] = gr.Slider(0.0, 2.0, value=s["temperature"], step=0.01, label="temperature")
         g["top_p"] = gr.Slider(0.0, 1.0, value=s["top_p"], step=0.01, label="top_p")
-        g["truncation_length"] = gr.Slider(64, max(32768, s["truncation_length"]), value=s["truncation_length"],
-                                           step=64, label="truncation_length")
+        g["truncation_length"] = gr.Slider(64, context_limit(), value=s["truncation_length"], step=64,
+                                           label="truncation_length")
+
+
+def context_limit() -> int:
+    """The truncation_length slider's end: a remote engine's context (no longer prompt is taken), else
+    32768 or the setting where that is more."""
+    engine_length = shared.engine.max_model_len if shared.engine is not None else None
+    return max(64, engine_length) if engine_length else max(32768, shared.settings["truncation_length"])
 
 
 def create_save_load() -> None:

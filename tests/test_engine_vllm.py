@@ -254,12 +254,34 @@ def test_a_picture_too_many_is_refused_by_vllm_with_its_reason(hosts):
     assert outcome(chat(remote, CONVERSATIONS["shape"]))[0] == "It is a circle."
 
 
-def test_a_prompt_longer_than_vllm_takes_is_refused_with_its_reason(hosts):
+VLLM_CONTEXT = 2048  # tools/vllm_cpu/serve.sh's --max-model-len
+
+
+def test_a_chat_longer_than_vllms_context_leaves_out_old_turns_to_fit_it(hosts):
+    """A truncation_length past vLLM's context is cut to it: the host leaves out old turns, as the local
+    engine does at that length, where vLLM would refuse the whole prompt."""
+    remote, local = hosts
+    filler = "Describe the image. " * 200  # about 800 tokens a turn: three turns are more than 2048
+    messages = [user(filler + "What shape is this?", CIRCLE), {"role": "assistant", "content": "It is a circle."},
+                user(filler + "What shape is this?", SQUARE), {"role": "assistant", "content": "It is a square."},
+                user(filler + "What color is the shape?", TRIANGLE)]
+    on_vllm = chat(remote, messages, truncation_length=8192, max_tokens=8)
+    on_local = chat(local, messages, truncation_length=VLLM_CONTEXT, max_tokens=8)
+    assert outcome(on_vllm) == outcome(on_local)
+    assert outcome(on_vllm)[2] <= VLLM_CONTEXT - 8
+    assert any("left out to fit the context (2040 tokens" in w for w in on_vllm.json()["warnings"]), on_vllm.text
+    everything = chat(local, messages, truncation_length=8192, max_tokens=8)
+    assert outcome(everything)[2] > VLLM_CONTEXT  # the whole chat would not have fit in vLLM
+
+
+def test_a_last_turn_longer_than_vllms_context_is_refused_with_the_reason(hosts):
     remote, _ = hosts
-    long_text = "Describe the image. " * 500  # about 3000 tokens: more than vLLM's 2048
-    response = chat(remote, [user(long_text, CIRCLE)], truncation_length=8192, max_tokens=8)
-    assert response.status_code == 400, response.text
-    assert "refused the request" in response.json()["error"]["message"]
+    long_text = "Describe the image. " * 700  # about 2800 tokens: more than vLLM's 2048
+    for picture in ((CIRCLE,), ()):
+        response = chat(remote, [user(long_text, *picture)], truncation_length=8192, max_tokens=8)
+        assert response.status_code == 400, response.text
+        assert re.search(r"\b(2040|2048)\b", response.json()["error"]["message"]), response.text
+    assert outcome(chat(remote, CONVERSATIONS["shape"]))[0] == "It is a circle."
 
 
 def test_a_broken_picture_is_refused_before_it_reaches_the_engine(hosts):
