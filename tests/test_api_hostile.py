@@ -101,6 +101,31 @@ def test_malformed_json_is_400(llama_api, body, words):
     assert_still_serving(llama_api)
 
 
+def lone_surrogate_body(text: str, **fields) -> bytes:
+    """JSON as JavaScript writes a string cut inside an emoji's pair: `"\\ud83d"`, escaped, alone."""
+    messages = [{"role": "user", "content": "Hi " + text}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": text}]
+    return json.dumps({"messages": messages, **GREEDY, **fields}).encode()
+
+
+def test_a_lone_utf16_surrogate_is_read_as_the_replacement_character(llama_api):
+    """Python's json writes "\\ud83d" for it too; pydantic's parser refuses it, as "unexpected end of hex
+    escape". A chat that holds one is answered as the same chat with U+FFFD in its place."""
+    cut = "Tell me about \ud83d"  # the first half of 😀
+    answers = [llama_api.post("/chat/completions", content=body, headers={"Content-Type": "application/json"})
+               for body in (lone_surrogate_body(cut), lone_surrogate_body(cut.replace("\ud83d", "\ufffd")))]
+    assert b"\\ud83d" in lone_surrogate_body(cut)
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert answers[0].json()["choices"] == answers[1].json()["choices"]
+    assert answers[0].json()["usage"] == answers[1].json()["usage"]
+    low_half = json.dumps({"prompt": "after \ude00 ... \ud83d\ude00", "max_tokens": 4, "temperature": 0}).encode()
+    response = llama_api.post("/completions", content=low_half, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    invalid = llama_api.post("/chat/completions", content=lone_surrogate_body(cut, temperature="hot"),
+                             headers={"Content-Type": "application/json"})
+    assert assert_error(invalid, 422, "temperature")["param"] == "temperature"
+
+
 @pytest.mark.parametrize("change, param", [
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 5}, "temperature"),

@@ -6,11 +6,16 @@ the raw JSON bytes. Unknown fields are ignored, as OpenAI clients send many we d
 """
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from modules.api.errors import APIError
+
+# A UTF-16 surrogate left alone once JSON's escapes are read (a pair is read as its one character).
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class StreamOptions(BaseModel):
@@ -62,7 +67,37 @@ def parse_body(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
     except ValidationError as error:
+        value = surrogates_replaced(body, error)
+        if value is None:
+            raise error_from_validation(error) from None
+    try:
+        return model.model_validate(value)
+    except ValidationError as error:
         raise error_from_validation(error) from None
+
+
+def surrogates_replaced(body: bytes, error: ValidationError) -> Any:
+    """The body, when it is JSON that pydantic's parser refuses only for a lone UTF-16 surrogate
+    (`"\\ud83d"`: JavaScript writes one for a string cut inside an emoji), with each such surrogate
+    made U+FFFD, as unreadable bytes are. A history holding one is sent again every turn, so refusing
+    it would end the chat. None for any other invalid body."""
+    if error.errors(include_url=False)[0].get("type") != "json_invalid":
+        return None
+    try:
+        value = json.loads(body)  # NaN and Infinity too, as pydantic's parser reads them
+    except ValueError:  # not JSON: pydantic's message says where
+        return None
+    return replaced(value)
+
+
+def replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [replaced(item) for item in value]
+    if isinstance(value, dict):
+        return {replaced(key): replaced(item) for key, item in value.items()}
+    return value
 
 
 def error_from_validation(error: ValidationError) -> APIError:
