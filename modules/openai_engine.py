@@ -26,6 +26,12 @@ CONNECT_SECONDS = 5.0
 STOP_POLL_SECONDS = 0.1
 
 
+def context_length(entry: dict[str, Any]) -> Optional[int]:
+    """A `/v1/models` entry's context (vLLM's `max_model_len`), where it gives a length."""
+    length = entry.get("max_model_len")
+    return length if type(length) is int and length > 0 else None
+
+
 def parts_template(image_placeholder: str) -> str:
     """A chat template that writes each text part as it is and each image part as `image_placeholder`."""
     return ("{%- for message in messages -%}{%- for part in message['content'] -%}"
@@ -57,8 +63,7 @@ class OpenAIChatEngine(RemoteEngine):
         if chosen not in names:
             raise EngineUnavailableError(f"The {self.description} does not serve {chosen!r}; it serves: {', '.join(names)}.")
         entry = listed[names.index(chosen)]
-        length = entry.get("max_model_len")
-        self.model, self.max_model_len = chosen, int(length) if isinstance(length, int) and length > 0 else None
+        self.model, self.max_model_len = chosen, context_length(entry)
         return ServedModel(chosen, self.max_model_len)
 
     def check(self) -> None:

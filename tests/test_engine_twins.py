@@ -52,6 +52,13 @@ def test_both_copies_read_vllms_errors_alike(body):
     assert engine_client.error_message(body) == openai_engine.error_message(body)
 
 
+@pytest.mark.parametrize("entry, context", [({"id": "m", "max_model_len": 2048}, 2048), ({"id": "m"}, None),
+                                            ({"max_model_len": None}, None), ({"max_model_len": "2048"}, None),
+                                            ({"max_model_len": 0}, None), ({"max_model_len": True}, None)])
+def test_both_copies_read_the_served_context_alike(entry, context):
+    assert engine_client.context_length(entry) == openai_engine.context_length(entry) == context
+
+
 @pytest.mark.parametrize("url", ["http://user:pw@gpu:8000/v1", "http://gpu/v1", "https://k@h/v1"])
 def test_both_copies_hide_credentials_alike(url):
     assert engine_client.safe_url(url) == host_engine.safe_url(url)

@@ -13,7 +13,8 @@ text-generation-webui loads the same folder, without its weights, and sends ever
    inputs, and another picture changes them;
 2. today's real server as a user starts it: launch.py `--model` at start-up, without `--cpu`,
    `--multimodal-engine-url`, its OpenAI API: a picture, then a follow-up with the picture in the history,
-   each answered by vLLM (its `vllm:request_success_total` grows) and changed by another picture; a picture
+   each answered by vLLM (its `vllm:request_success_total` grows) and changed by another picture; a chat
+   longer than vLLM's context answered, its oldest turns left out (truncation_length at most vLLM's); a picture
    more than vLLM takes is refused with vLLM's reason (HTTP 400), and the server still answers after; with
    vLLM stopped, a 503 that says it cannot be reached;
 3. its page in Chromium (the harness's ui_shim), `--multimodal-engine-url` after `--`: a picture attached in
@@ -144,6 +145,7 @@ def real_server(args, vllm) -> int:
             print(f"server turn {turn}: {replies[0]!r} / with another picture {replies[1]!r}; vLLM answered {answered:g}")
             if answered < 2 or replies[0] == replies[1] or not all(replies):
                 problems.append(f"turn {turn}: replies {replies}, {answered:g} answered by vLLM")
+        problems += long_chat_fits(api, pictures)
         problems += refused_then_served(api, pictures)
         vllm.stop()
         problems += engine_down(api, pictures)
@@ -154,8 +156,9 @@ def real_server(args, vllm) -> int:
         print(f"FAIL real server: {problem} [log: {log}]")
     if not problems:
         print("PASS real server (launch.py --model at start-up, without --cpu): two turns answered by vLLM, each "
-              "changed by another picture; a picture too many refused with vLLM's reason (400), served again after; "
-              "vLLM stopped: a 503 that says so")
+              "changed by another picture; a chat longer than vLLM's context answered with its oldest turns left "
+              "out; a picture too many refused with vLLM's reason (400), served again after; vLLM stopped: a 503 "
+              "that says so")
     return len(problems)
 
 
@@ -163,6 +166,25 @@ def chat(api: str, messages: list) -> str:
     body = {"messages": messages, "max_tokens": 16, "do_sample": False, "ban_eos_token": True, "seed": 1,
             "mode": "instruct", "temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0}
     return post(f"{api}/v1/chat/completions", body)["choices"][0]["message"]["content"]
+
+
+def long_chat_fits(api: str, pictures) -> list[str]:
+    """Three turns longer together than vLLM's context (2048), under text-generation-webui's truncation_length
+    of 8192: the oldest are left out and vLLM answers, rather than refusing the whole prompt."""
+    filler = "Describe the picture in detail, please. " * 120  # about 850 tokens a turn
+    messages = []
+    for turn in range(3):
+        messages += [{"role": "user", "content": [{"type": "text", "text": filler + "What is in this picture?"},
+                                                  {"type": "image_url", "image_url": {"url": data_url(pictures[turn % 2])}}]},
+                     {"role": "assistant", "content": "A picture."}]
+    body = {"messages": messages[:-1], "max_tokens": 16, "temperature": 0, "truncation_length": 8192, "mode": "instruct"}
+    try:
+        reply = post(f"{api}/v1/chat/completions", body)
+    except urllib.error.HTTPError as error:
+        return [f"a chat longer than vLLM's context: HTTP {error.code} {error.read().decode(errors='replace')[:300]}"]
+    text = reply["choices"][0]["message"]["content"]
+    print(f"a chat longer than vLLM's context: {text!r}")
+    return [] if text else ["a chat longer than vLLM's context: an empty reply"]
 
 
 def refused_then_served(api: str, pictures) -> list[str]:

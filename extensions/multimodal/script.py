@@ -26,6 +26,8 @@ Hooks, in the order the host calls them:
   without one) the pipeline is picked when a model is; it is picked again whenever the model changes.
   Runs without a UI.
 - `ui()`: the image input (extensions/multimodal/core/ui.py), built inside the host's Gradio layout.
+- `state_modifier(state)`: with a remote engine in text-generation-webui, its `truncation_length` at
+  most the engine's context (tgw/remote_generation.py); otherwise the state as it is.
 - `chat_input_modifier(text, visible_text, state)`: puts the images sent with this message
   (`state['message_images']`, from this repository's UI and API, or `input_hijack`) into the text
   as `<img>` tags: each `<image>` in the text takes the next one, the rest go before the text.
@@ -202,6 +204,14 @@ def hijack_picture(picture: Any) -> None:
         input_hijack.update(state=False, value=["", ""])
     else:
         input_hijack.update(state=True, value=partial(add_chat_picture, picture))
+
+
+def state_modifier(state: dict) -> dict:
+    if tgw_engine_set():
+        from extensions.multimodal.tgw import remote_generation
+
+        remote_generation.within_context(state, params)
+    return state
 
 
 @host_errors

@@ -39,6 +39,12 @@ class Chunk:
     finish_reason: Optional[str] = None
 
 
+def context_length(entry: dict[str, Any]) -> Optional[int]:
+    """A `/v1/models` entry's context (vLLM's `max_model_len`), where it gives a length."""
+    length = entry.get("max_model_len")
+    return length if type(length) is int and length > 0 else None
+
+
 def engine_url(params: dict) -> str:
     """The engine's URL: the `engine_url` setting, else $MULTIMODAL_ENGINE_URL; "" for none (the local model)."""
     return str(params.get("engine_url") or os.environ.get(URL_VARIABLE) or "")
@@ -80,7 +86,8 @@ class EngineClient:
     def description(self) -> str:
         return f"vLLM at {safe_url(self.url)}"
 
-    def model_names(self) -> list[str]:
+    def served_models(self) -> dict[str, Optional[int]]:
+        """Each model the engine serves, with its context (vLLM's `max_model_len`) where it says."""
         try:
             response = self.client.get(self.url + "/models")
         except httpx.TransportError as error:
@@ -88,7 +95,7 @@ class EngineClient:
                                          f"running, and is the multimodal engine URL right?") from None
         if response.status_code != 200:
             raise self.refusal(response)
-        return [str(entry.get("id")) for entry in response.json().get("data") or []]
+        return {str(entry.get("id")): context_length(entry) for entry in response.json().get("data") or []}
 
     def open(self, body: dict[str, Any], should_stop: Callable[[], bool]) -> "ReplyStream":
         """Send the request; refusals and an unreachable engine raise here, before any reply."""

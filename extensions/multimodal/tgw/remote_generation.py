@@ -45,9 +45,15 @@ class PendingReply:
     prompt_ids: torch.Tensor  # (1, n): the prompt as the engine tokenized it, as returned to the host
 
 
+@dataclass(frozen=True)
+class Served:
+    name: str  # the name vLLM serves text-generation-webui's model under
+    context: Optional[int]  # vLLM's max_model_len for it, where it says
+
+
 _pending: Optional[PendingReply] = None  # opened by the tokenizer hook, consumed by generate()
 _clients: dict[tuple, EngineClient] = {}
-_served: dict[tuple, str] = {}  # (engine URL, text-generation-webui's model) -> the name vLLM serves it under
+_served: dict[tuple, Served] = {}  # (engine URL, text-generation-webui's model) -> how vLLM serves it
 
 
 def client(params: dict) -> EngineClient:
@@ -115,22 +121,38 @@ def discard_pending() -> None:
 
 
 def served_name(engine: EngineClient) -> str:
+    return served(engine).name
+
+
+def served(engine: EngineClient) -> Served:
     """The engine's model: the only one it serves, else the one named as text-generation-webui's. Asked
     once per engine and loaded model, not every turn."""
     key = (engine.url, shared.model_name)
     if key not in _served:
-        _served[key] = ask_served_name(engine)
+        _served[key] = ask_served(engine)
     return _served[key]
 
 
-def ask_served_name(engine: EngineClient) -> str:
-    names = engine.model_names()
-    if len(names) == 1:
-        return names[0]
-    if shared.model_name in names:
-        return shared.model_name
-    raise EngineUnavailableError(f"The {engine.description} serves {', '.join(names) or 'no model'}; load the folder "
-                                 f"of one of them (named as served) in text-generation-webui.")
+def ask_served(engine: EngineClient) -> Served:
+    models = engine.served_models()
+    names = list(models)
+    name = names[0] if len(names) == 1 else shared.model_name if shared.model_name in names else None
+    if name is None:
+        raise EngineUnavailableError(f"The {engine.description} serves {', '.join(names) or 'no model'}; load the "
+                                     f"folder of one of them (named as served) in text-generation-webui.")
+    return Served(name, models[name])
+
+
+def within_context(state: dict, params: dict) -> None:
+    """text-generation-webui's `truncation_length` (8192 whatever the model, by default) made at most the
+    engine's context, so that a long chat leaves out its oldest turns to fit rather than being refused
+    whole. An engine that cannot be asked now leaves it: sending the prompt says why."""
+    try:
+        context = served(client(params)).context
+    except (EngineUnavailableError, EngineRefusedError):
+        return
+    if context and int(state.get("truncation_length") or 0) > context:
+        state["truncation_length"] = context
 
 
 def with_hosts_bos(text: str, state: dict) -> str:
