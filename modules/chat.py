@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from modules import chat_templates, picture_stand_ins, shared
-from modules.extensions import apply_extensions
+from modules.extensions import apply_extensions, apply_state_modifiers
 from modules.html_generator import IMAGE_CAPTION, IMAGE_CAPTION_RE
 from modules.text_generation import generate_reply, get_encoded_length, get_max_prompt_length, stop_requested
 
@@ -45,6 +45,7 @@ MESSAGE_IMAGES = "message_images"
 IMAGE_BUDGET = "image_budget"
 IMAGE_TOKENS = "image_tokens"
 DROPPED_IMAGES = "dropped_images"
+DROPPED_TURNS = "dropped_turns"  # how many of the oldest turns the prompt leaves out to fit (none: absent)
 
 
 class ChatHistoryError(ValueError):
@@ -152,7 +153,11 @@ def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
 
 
 def tell_dropped_turns(dropped: list, state: dict, max_length: int) -> None:
-    """Pictures in the oldest turns, left out whole to fit, go to `state[DROPPED_IMAGES]` and the notices."""
+    """How many of the oldest turns were left out to fit goes to `state[DROPPED_TURNS]`; the pictures in
+    them to `state[DROPPED_IMAGES]` and the notices (a turn's text is left out silently, as
+    text-generation-webui does: a long chat would otherwise carry the notice under every reply)."""
+    if dropped:
+        state[DROPPED_TURNS] = len(dropped)
     pattern = apply_extensions("image_tag_pattern")
     pictures = [{"turn": turn, "image": place} for turn, (user, _) in enumerate(dropped, start=1)
                 for place, _ in enumerate(pattern.finditer(user) if pattern else [], start=1)]
@@ -234,12 +239,10 @@ def chatbot_wrapper(text: str, state: dict, regenerate: bool = False, _continue:
 def start_turn(state: dict) -> dict:
     """The `history` and `state` hooks for a new turn; returns the history the turn writes to."""
     state["notices"] = []  # this turn's: the chat_input hooks and the generation append to it
-    for key in (IMAGE_TOKENS, DROPPED_IMAGES):  # this turn's prompt's, once the extension reports them
+    for key in (IMAGE_TOKENS, DROPPED_IMAGES, DROPPED_TURNS):  # this turn's prompt's, once it is built
         state.pop(key, None)
     output = apply_extensions("history", copy.deepcopy(state["history"]))
-    returned = apply_extensions("state", state)
-    if returned is not state:  # callers read generation_stats and notices from the dict they passed
-        state.update(returned)
+    apply_state_modifiers(state)
     if getattr(shared.tokenizer, "chat_template", None):
         # As text-generation-webui's instruct modes: the template writes the BOS, or the tokenizer adds
         # its own; none is forced (Hugging Face's apply_chat_template gives the same ids).

@@ -106,6 +106,14 @@ def _apply_one_arg_extensions(function_name: str, value):
     return value
 
 
+def apply_state_modifiers(state: dict) -> None:
+    """The `state` hooks, on `state` itself: callers read generation_stats and notices from the dict they
+    passed, and an extension may return another."""
+    returned = apply_extensions("state", state)
+    if returned is not state:
+        state.update(returned)
+
+
 def _apply_tokenizer_extensions(function_name: str, state: dict, prompt, input_ids, input_embeds):
     for extension, _ in iterator():
         if hasattr(extension, function_name):

@@ -38,7 +38,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from modules import model_inputs, picture_stand_ins, prefix_cache, shared, static_decode
-from modules.extensions import apply_extensions, iterator
+from modules.extensions import apply_extensions, apply_state_modifiers, iterator
 from modules.logging_colors import logger
 from modules.logits_processors import RequestParams
 from modules.models import model_device
@@ -235,11 +235,17 @@ def batch_logits_processors(state: dict, input_ids: torch.Tensor) -> Iterator[HF
 
 
 def tokenized_inputs(question: str, state: dict) -> tuple[str, torch.Tensor, torch.Tensor | None]:
-    input_ids = encode(text_for_plain_ids(question), add_bos_token=state["add_bos_token"],
-                       truncation_length=get_max_prompt_length(state))
+    room = get_max_prompt_length(state)
+    whole = encode(text_for_plain_ids(question), add_bos_token=state["add_bos_token"])
+    input_ids = whole[:, -room:] if room > 0 else whole  # as text-generation-webui: its end is kept
     state.pop(model_inputs.MODEL_ROUTE, None)  # a route is for the prompt the hook sees now, never an old one
-    question, input_ids, inputs_embeds = apply_extensions("tokenizer", state, question, input_ids, None)
-    return question, input_ids, inputs_embeds
+    question, ids, inputs_embeds = apply_extensions("tokenizer", state, question, input_ids, None)
+    if ids is input_ids and input_ids.shape[-1] < whole.shape[-1]:  # no hook gave ids of its own
+        state.setdefault("notices", []).append(
+            f"The prompt was cut to its last {room} tokens to fit the context (truncation_length - max_new_tokens): "
+            f"its first {whole.shape[-1] - room} tokens are left out. Send a shorter message, or raise "
+            f"truncation_length.")
+    return question, ids, inputs_embeds
 
 
 def text_for_plain_ids(question: str) -> str:
@@ -399,7 +405,8 @@ def _generate_reply(question: str, state: dict, stopping_strings: list[str] | No
         raise RuntimeError(shared.NO_MODEL_MESSAGE)
     state["seed"] = set_seed(state.get("seed", -1))
     original_question = question
-    if not is_chat:
+    if not is_chat:  # a chat turn ran both hooks already (chat.start_turn, chatbot_wrapper)
+        apply_state_modifiers(state)
         question = apply_extensions("input", question, state)
     # Extensions append what the user should be told (e.g. images dropped); a chat turn's list starts
     # before its chat_input hooks (chat.chatbot_wrapper), which may already have said something.

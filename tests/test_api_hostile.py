@@ -136,6 +136,7 @@ def test_a_lone_utf16_surrogate_is_read_as_the_replacement_character(llama_api):
     ({"n": 2}, "n"),
     ({"stream": "yes"}, "stream"),
     ({"stop": 5}, "stop"),
+    ({"stop": ["a"] * 17}, "stop"),
     ({"seed": 1.5}, "seed"),
     ({"messages": "Hello"}, "messages"),
     ({"messages": []}, "messages"),
@@ -147,6 +148,55 @@ def test_invalid_parameters_are_422(llama_api, change, param):
     assert_still_serving(llama_api)
 
 
+def test_a_parameter_of_several_types_is_named_as_sent_with_each_reason(llama_api):
+    """`stop` is a string or a list: pydantic tries both, and names each try (`stop.str`, `stop.list[str]`)."""
+    error = assert_error(llama_api.post("/chat/completions", json={**HELLO, "stop": 5}), 422,
+                         "valid string, or Input should be a valid array", "(got 5)")
+    assert error["param"] == "stop"
+    error = assert_error(llama_api.post("/chat/completions", json={**HELLO, "stop": ["a", 3]}), 422, "'stop.1'")
+    assert error["param"] == "stop"
+
+
+def test_a_stop_string_may_be_longer_than_16_characters(llama_api):
+    """At most 16 stop strings; each of any length (Llama 3's `<|start_header_id|>` has 19 characters)."""
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ban_eos_token": True}
+    whole = llama_api.post("/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    text = whole.json()["choices"][0]["text"]
+    stop = text[4:4 + 17] if len(text) >= 21 else text[2:]  # a long piece of the reply, to stop at
+    cut = llama_api.post("/completions", json={**body, "stop": "<|start_header_id|>"})
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["choices"][0]["text"] == text
+    cut = llama_api.post("/completions", json={**body, "stop": stop})
+    assert cut.json()["choices"][0]["text"] == text[:text.index(stop)], (stop, text)
+
+
+def test_a_too_short_context_blames_what_the_request_set(llama_api):
+    error = assert_error(llama_api.post("/chat/completions", json={"messages": HELLO["messages"],
+                                                                    "truncation_length": 1}), 422, "truncation_length")
+    assert error["param"] == "truncation_length"
+    error = assert_error(llama_api.post("/chat/completions", json={**HELLO, "max_tokens": 64, "truncation_length": 64}),
+                         422)
+    assert error["param"] == "max_tokens"
+
+
+def test_turns_left_out_to_fit_are_counted_and_a_cut_turn_is_told(llama_api):
+    turns = [{"role": role, "content": f"Turn {i} says hello to the model, once more."}
+             for i in range(12) for role in ("user", "assistant")][:-1]
+    whole = llama_api.post("/chat/completions", json={**HELLO, "messages": turns})
+    assert whole.status_code == 200 and "dropped_turns" not in whole.json(), whole.text
+    short = llama_api.post("/chat/completions", json={**HELLO, "messages": turns, "truncation_length": 256})
+    body = short.json()
+    assert short.status_code == 200 and 0 < body["dropped_turns"] < 11, short.text
+    assert "warnings" not in body  # no picture was left out: the count says it, as text-generation-webui is silent
+    assert body["usage"]["prompt_tokens"] <= 256 - GREEDY["max_tokens"] < whole.json()["usage"]["prompt_tokens"]
+    alone = llama_api.post("/chat/completions", json={**HELLO, "messages": [{"role": "user", "content": "Hi " * 200}],
+                                                       "truncation_length": 96})
+    assert alone.status_code == 200, alone.text
+    assert alone.json()["usage"]["prompt_tokens"] == 96 - GREEDY["max_tokens"]
+    assert any("cut to its last 90 tokens" in w for w in alone.json()["warnings"]), alone.text
+
+
 @pytest.mark.parametrize("messages, words", [
     ([{"role": "user", "content": 42}], ["messages[0].content", "int"]),
     ([{"role": "user", "content": ["just a string"]}], ["content[0]", "str"]),
@@ -154,7 +204,7 @@ def test_invalid_parameters_are_422(llama_api, change, param):
     ([{"role": "user", "content": [{"type": "text"}]}], ["text part"]),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 7}}]}], ["image_url"]),
     ([{"role": "user", "content": [{"type": "image_url"}]}], ["image_url"]),
-    ([{"role": "tool", "content": "x"}], ["unsupported role 'tool'"]),
+    ([{"role": "tool", "content": "x"}], ["unsupported role 'tool'", "calls no tools"]),
     ([{"content": "x"}], ["unsupported role None"]),
     ([{"role": "user"}], ["needs a 'content'"]),
     ([{"role": "system", "content": "only a system message"}], ["no user or assistant"]),
@@ -367,6 +417,15 @@ def test_remote_fetch_failures_map_to_status_codes(llava_apis, image_server):
         assert_error(api.post("/chat/completions", json=image_body(url)), 400, "Unsupported image URL scheme")
     assert_error(api.post("/chat/completions", json=image_body(api_helpers.data_url(b"\0" * BIG_BYTES))), 413)
     assert_still_serving(api)
+
+
+def test_a_picture_budget_none_of_those_accepted_is_refused_with_or_without_a_picture(llava_apis):
+    default_api, _ = llava_apis
+    for body in (HELLO, image_body(api_helpers.data_url(PNG))):
+        error = assert_error(default_api.post("/chat/completions", json={**body, "image_budget": "bogus"}), 400,
+                             "'default', 'low', 'high'", "'bogus'")
+        assert (error["param"], error["code"]) == ("image_budget", "invalid_parameter")
+    assert_still_serving(default_api)
 
 
 def test_undecodable_image_is_400(llava_apis):

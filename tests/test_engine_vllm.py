@@ -270,6 +270,7 @@ def test_a_chat_longer_than_vllms_context_leaves_out_old_turns_to_fit_it(hosts):
     assert outcome(on_vllm) == outcome(on_local)
     assert outcome(on_vllm)[2] <= VLLM_CONTEXT - 8
     assert any("left out to fit the context (2040 tokens" in w for w in on_vllm.json()["warnings"]), on_vllm.text
+    assert on_vllm.json()["dropped_turns"] == on_local.json()["dropped_turns"] == 1
     everything = chat(local, messages, truncation_length=8192, max_tokens=8)
     assert outcome(everything)[2] > VLLM_CONTEXT  # the whole chat would not have fit in vLLM
 

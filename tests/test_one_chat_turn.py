@@ -3,7 +3,8 @@
 A recording extension (written into a temporary extensions folder, loaded before the multimodal
 extension on a fake pipeline) notes every hook it is called through. The same message - text only,
 and with a picture - is sent through the UI's chat function (`ui_chat.generate`, which the handler Gradio calls, `send`, runs)
-and through `/v1/chat/completions`, streaming and not.
+and through `/v1/chat/completions`, streaming and not. A completion (`/v1/completions`) meets
+text-generation-webui's `generate_reply` hooks: state and input, then tokenizer on.
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def output_modifier(string, state, is_chat=False):
 # text-generation-webui's order (modules/chat.py: chatbot_wrapper, generate_chat_prompt; text_generation.py)
 ORDER = ["history", "state", "chat_input", "input", "custom_generate_chat_prompt", "bot_prefix", "tokenizer",
          "logits_processor", "output"]
+# text-generation-webui's generate_reply for a prompt that is not a chat turn
+COMPLETION_ORDER = ["state", "input", "tokenizer", "logits_processor", "output"]
 GREEDY = {"model": "local", "max_tokens": 6, "temperature": 0, "extra_body": {"ban_eos_token": True}}
 
 
@@ -124,3 +127,14 @@ def test_the_ui_and_the_api_run_the_same_hooks_in_order_and_reply_alike(served, 
     assert reply.strip()
     for stream in (False, True):
         assert through_api(recorder, api, "What is in the picture?", picture, stream) == (ORDER, reply), stream
+
+
+def test_a_completion_runs_text_generation_webuis_generate_reply_hooks(served):
+    recorder, api = served
+    recorder.calls.clear()
+    for stream in (False, True):
+        result = api.client().completions.create(prompt="Once upon a time", stream=stream, **GREEDY)
+        text = "".join(c.choices[0].text for c in result if c.choices) if stream else result.choices[0].text
+        assert text.strip()
+        assert recorder.calls == COMPLETION_ORDER, stream
+        recorder.calls.clear()

@@ -26,8 +26,10 @@ Hooks, in the order the host calls them:
   without one) the pipeline is picked when a model is; it is picked again whenever the model changes.
   Runs without a UI.
 - `ui()`: the image input (extensions/multimodal/core/ui.py), built inside the host's Gradio layout.
-- `state_modifier(state)`: with a remote engine in text-generation-webui, its `truncation_length` at
-  most the engine's context (tgw/remote_generation.py); otherwise the state as it is.
+- `state_modifier(state)`: refuses a message's or request's picture budget that is none of those
+  accepted, with or without a picture (core/image_budget.py); with a remote engine in
+  text-generation-webui, makes its `truncation_length` at most the engine's context
+  (tgw/remote_generation.py).
 - `chat_input_modifier(text, visible_text, state)`: puts the images sent with this message
   (`state['message_images']`, from this repository's UI and API, or `input_hijack`) into the text
   as `<img>` tags: each `<image>` in the text takes the next one, the rest go before the text.
@@ -98,7 +100,7 @@ from typing import Any, Optional  # noqa: E402
 
 import torch  # noqa: E402
 
-from extensions.multimodal.core import history_images, loaded_model, prompt_encoding, served_model  # noqa: E402
+from extensions.multimodal.core import history_images, image_budget, loaded_model, prompt_encoding, served_model  # noqa: E402
 from extensions.multimodal.core.defaults import DEFAULT_PARAMS, IMAGE_TOKENS, MESSAGE_IMAGES, MODEL_ROUTE  # noqa: E402
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, check_history_format, has_tag, ordinal  # noqa: E402
 from extensions.multimodal.core.pipeline_loader import module_capability  # noqa: E402
@@ -207,6 +209,7 @@ def hijack_picture(picture: Any) -> None:
 
 
 def state_modifier(state: dict) -> dict:
+    image_budget.check_request(state)
     if tgw_engine_set():
         from extensions.multimodal.tgw import remote_generation
 

@@ -37,9 +37,12 @@ def request_state(params: GenerationParams) -> dict[str, Any]:
     leaves no room for the prompt."""
     state = chat.new_state(**request_values(params))
     if state["max_new_tokens"] >= state["truncation_length"]:
-        raise APIError(422, f"max_tokens ({state['max_new_tokens']}) must be below the context length "
-                            f"({state['truncation_length']} tokens), leaving room for the prompt",
-                       param="max_tokens", code="invalid_parameter")
+        # Blame what the request set: a short truncation_length under the settings' max_new_tokens, say.
+        param = ("max_completion_tokens" if params.max_completion_tokens else "max_tokens" if params.max_tokens
+                 else "truncation_length" if params.truncation_length is not None else "max_tokens")
+        raise APIError(422, f"max_tokens ({state['max_new_tokens']}) must be below the context length, "
+                            f"truncation_length ({state['truncation_length']} tokens), leaving room for the prompt",
+                       param=param, code="invalid_parameter")
     stops = request_stops(params)
     if stops:
         state["custom_stopping_strings"] = get_custom_stopping_strings(state) + stops
@@ -222,7 +225,8 @@ def generation_error(error: Exception) -> APIError:
         answer = APIError(503, str(error), code=error.code)
     elif isinstance(error, ValueError):
         logger.warning(f"API request refused: {error}")
-        answer = APIError(400, str(error), code=str(getattr(error, "code", None) or "invalid_request"))
+        answer = APIError(400, str(error), param=getattr(error, "param", None),
+                          code=str(getattr(error, "code", None) or "invalid_request"))
     else:
         logger.error("API generation failed", exc_info=error)
         answer = APIError(500, f"Generation failed: {type(error).__name__}: {error}", code="generation_failed")

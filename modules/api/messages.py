@@ -63,7 +63,9 @@ async def chat_input(messages: list[dict[str, Any]], config: APIConfig) -> ChatI
 def role_of(message: dict[str, Any], index: int) -> str:
     role = message.get("role")
     if role not in ROLES:
-        raise APIError(400, f"messages[{index}]: unsupported role {role!r}; expected one of {', '.join(ROLES)}",
+        # A tool's result answers a tool call, which this host never makes: a request's `tools` are ignored.
+        why = " (the host calls no tools: a request's tools are ignored)" if role in ("tool", "function") else ""
+        raise APIError(400, f"messages[{index}]: unsupported role {role!r}{why}; expected one of {', '.join(ROLES)}",
                        param=f"messages.{index}.role")
     return role
 

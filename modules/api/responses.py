@@ -4,8 +4,9 @@
 the text goes (`message.content` / `delta.content` for chat, `text` for completions). Warnings from
 `state['notices']` (e.g. images removed by truncation) ride in a `warnings` field. Beyond OpenAI's
 fields: `usage.prompt_tokens_details.image_tokens` (the prompt tokens the pictures take, when the
-prompt holds any) and `dropped_images` (`[{"turn": n, "image": k}]`: the pictures left out to fit the
-context, by their turn among the request's messages and their place in it, both 1-based).
+prompt holds any), `dropped_turns` (how many of the oldest turns were left out to fit the context) and
+`dropped_images` (`[{"turn": n, "image": k}]`: the pictures left out to fit the context, by their turn
+among the request's messages and their place in it, both 1-based).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Reply:
     warnings: list[str] = field(default_factory=list)
     image_tokens: list[int] | None = None  # per picture kept in the prompt; None: no picture
     dropped_images: list[dict] = field(default_factory=list)
+    dropped_turns: int = 0
 
 
 @dataclass
@@ -81,10 +83,12 @@ def usage(reply: Reply) -> dict[str, Any]:
 
 
 def extras(reply: Reply) -> dict[str, Any]:
-    """The fields beyond OpenAI's a reply has: `warnings`, `dropped_images`."""
+    """The fields beyond OpenAI's a reply has: `warnings`, `dropped_turns`, `dropped_images`."""
     fields: dict[str, Any] = {}
     if reply.warnings:
         fields["warnings"] = reply.warnings
+    if reply.dropped_turns:
+        fields["dropped_turns"] = reply.dropped_turns
     if reply.dropped_images:
         fields["dropped_images"] = reply.dropped_images
     return fields

@@ -159,7 +159,7 @@ def finished(text: str, state: dict, shape: responses.Shape) -> responses.Reply:
     for warning in warnings:
         logger.warning(f"API {shape.id}: {warning}")
     return responses.Reply(text, state.get("generation_stats", {}), warnings, state.get(chat.IMAGE_TOKENS),
-                           list(state.get(chat.DROPPED_IMAGES) or []))
+                           list(state.get(chat.DROPPED_IMAGES) or []), int(state.get(chat.DROPPED_TURNS) or 0))
 
 
 async def stream_events(request: Request, run: GenerationRun, first: tuple, state: dict, shape: responses.Shape,

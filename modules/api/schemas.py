@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from modules.api.errors import APIError
 
+# The name pydantic gives a union's member in an error's place: `str`, `int`, `list[str]`, ...
+UNION_MEMBER = re.compile(r"str|int|float|bool|none|[\w-]+\[.*\]")
 # A UTF-16 surrogate left alone once JSON's escapes are read (a pair is read as its one character).
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -31,7 +33,7 @@ class GenerationParams(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)  # newer clients' name for max_tokens
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    stop: str | list[str] | None = Field(None, max_length=16)
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None  # a stop string may be any length
     seed: int | None = Field(None, ge=-2**63, le=2**64 - 1)  # what torch takes, as text-generation-webui
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -109,11 +111,21 @@ def error_from_validation(error: ValidationError) -> APIError:
     if not first.get("loc"):
         return APIError(400, f"The request body must be a JSON object, got {type_name(first.get('input'))}",
                         code="invalid_json")
-    loc = ".".join(str(x) for x in first["loc"])
+    loc = param_path(first["loc"])
+    # A union's members each say why they refused the value: all of them, for the parameter they share.
+    alike = [p for p in problems if p["loc"][:1] == first["loc"][:1]]
+    why = ", or ".join(p["msg"] if param_path(p["loc"]) == loc else f"'{param_path(p['loc'])}': {p['msg']}"
+                       for p in alike)
     got = "" if first.get("type") == "missing" else f" (got {first.get('input')!r:.80})"
-    more = f"; and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
-    return APIError(422, f"Invalid parameter '{loc}': {first.get('msg')}{got}{more}", param=loc,
-                    code="invalid_parameter")
+    others = len(problems) - len(alike)
+    more = f"; and {others} more problem(s)" if others else ""
+    return APIError(422, f"Invalid parameter '{loc}': {why}{got}{more}", param=loc, code="invalid_parameter")
+
+
+def param_path(loc: tuple) -> str:
+    """A problem's place as the client names it: `stop`, `stream_options.include_usage`, `stop.1`, without
+    the union member pydantic tried (`stop.str`, `stop.list[str].1`)."""
+    return ".".join(str(x) for x in loc if not (isinstance(x, str) and UNION_MEMBER.fullmatch(x)))
 
 
 def type_name(value: Any) -> str:

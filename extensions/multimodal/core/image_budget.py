@@ -33,6 +33,11 @@ class Budget:
 DEFAULT = Budget("default")
 
 
+class BudgetError(ValueError):
+    """A budget none of those accepted (a request's: the API's 400, naming the parameter)."""
+    code, param = "invalid_parameter", "image_budget"
+
+
 def parse(value: Any) -> Budget:
     """A budget from a setting or a request; a ValueError names what is accepted."""
     if value is None or value == "" or value == "default":
@@ -41,9 +46,15 @@ def parse(value: Any) -> Budget:
         return Budget(value, LEVEL_PIXELS[value], at_least_default=value == "high", at_most_default=value == "low")
     pixels = int(value) if isinstance(value, int) or (isinstance(value, str) and value.isdigit()) else None
     if isinstance(value, bool) or pixels is None or pixels < MIN_PIXELS:
-        raise ValueError(f"image_budget must be 'default', 'low', 'high' or a number of pixels of at least "
+        raise BudgetError(f"image_budget must be 'default', 'low', 'high' or a number of pixels of at least "
                          f"{MIN_PIXELS}, got {value!r}")
     return Budget(str(pixels), pixels)
+
+
+def check_request(state: dict) -> None:
+    """A message's or request's budget refused at the start of the turn, with or without a picture."""
+    if state.get(IMAGE_BUDGET) not in (None, ""):
+        parse(state[IMAGE_BUDGET])
 
 
 def resolve(state: dict, params: dict) -> Budget:
