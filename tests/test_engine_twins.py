@@ -76,6 +76,8 @@ def test_the_folder_loads_without_weights_and_generates_through_the_engine():
     assert model.to("cuda") is model and model.cuda() is model  # nothing to move: no GPU is touched
     with pytest.raises(RuntimeError, match="did not send"):  # the engine's generate(), with no reply opened
         model.generate(inputs=torch.tensor([[1, 2]]))
+    with pytest.raises(RuntimeError, match="weights are in the remote engine"):  # not "Cannot copy out of meta"
+        model(input_ids=torch.tensor([[1, 2]]))
 
 
 def test_launch_takes_the_engine_flags_off_the_command_line(monkeypatch):
@@ -103,11 +105,32 @@ def test_the_setting_wins_over_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("sampler, value", [("mirostat_mode", 2), ("dry_multiplier", 0.8), ("typical_p", 0.9),
-                                            ("grammar_string", "root ::= \"a\"")])
+                                            ("grammar_string", "root ::= \"a\""), ("presence_penalty", 0.5),
+                                            ("frequency_penalty", 0.3)])
 def test_samplers_vllm_lacks_are_refused_not_ignored(sampler, value):
     remote_generation.refuse_unsupported({"mirostat_mode": 0, "typical_p": 1})  # neutral: fine
     with pytest.raises(engine_client.EngineRefusedError, match=sampler):
         remote_generation.refuse_unsupported({sampler: value})
+
+
+class Stream:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("penalty, window, refused", [(1.1, 1024, True), (1.1, 0, False), (1.1, 2048, False),
+                                                      (1.0, 16, False)])
+def test_a_repetition_penalty_range_shorter_than_prompt_and_reply_is_refused(penalty, window, refused):
+    """vLLM penalizes repeats across the whole prompt and reply (1000 + 100 tokens here)."""
+    state, stream = {"repetition_penalty": penalty, "repetition_penalty_range": window, "max_new_tokens": 100}, Stream()
+    if refused:
+        with pytest.raises(engine_client.EngineRefusedError, match="repetition_penalty_range to 0"):
+            remote_generation.refuse_short_penalty_range(state, 1000, stream)
+    else:
+        remote_generation.refuse_short_penalty_range(state, 1000, stream)
+    assert stream.closed == refused  # vLLM aborts the request sent
 
 
 def test_samplers_and_bans_under_vllms_names(monkeypatch):
@@ -118,6 +141,7 @@ def test_samplers_and_bans_under_vllms_names(monkeypatch):
              "repetition_penalty": 1.1}
     fields = remote_generation.sampling(state, {})
     assert fields["temperature"] == 0.0 and fields["max_tokens"] == 12 and fields["repetition_penalty"] == 1.1
+    assert "presence_penalty" not in fields and "frequency_penalty" not in fields  # refused unless neutral
     assert fields["logit_bias"] == {"2": -100, "5": -100, "7": -100}  # EOS (2) and the custom bans
     sampled = remote_generation.sampling({**state, "do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 0.9,
                                           "min_p": 0.05, "auto_max_new_tokens": True}, {})

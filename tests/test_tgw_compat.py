@@ -131,6 +131,30 @@ def test_a_marker_without_a_picture_is_left_out_with_a_notice(host, llama_dir):
     assert any("1 <__media__> marker(s)" in notice for notice in state["notices"])
 
 
+def test_a_marker_with_no_picture_at_all_leaves_the_prompt(host, llama_dir):
+    """The host's ids held the marker's tokens; the prompt the hook returns has none, and its ids say so."""
+    from modules.text_generation import encode
+
+    script = load_multimodal(host, llama_dir)
+    state = media_state()
+    prompt, ids, embeds = script.tokenizer_modifier(state, "USER: <__media__>\nWhat?\nASSISTANT:",
+                                                    encode("USER: <__media__>\nWhat?\nASSISTANT:"), None)
+    assert prompt == "USER: \nWhat?\nASSISTANT:" and embeds is None
+    assert torch.equal(ids, encode(prompt))
+    assert any("1 <__media__> marker(s)" in notice for notice in state["notices"])
+
+
+def test_completions_pictures_without_a_marker_go_before_the_prompt(host, llama_dir):
+    """`/v1/completions` with image parts: text-generation-webui writes no marker (its ExLlamaV3 loader
+    puts the pictures first); they are not dropped."""
+    script = load_multimodal(host, llama_dir)
+    pictures = [noise_image(seed, (24, 24)) for seed in (4, 5)]
+    tags = "".join(script.image_to_history_tag(picture) + "\n" for picture in pictures)
+    expected = script.tokenizer_modifier(media_state(), tags + "Describe them:", None, None)[2]
+    _, _, embeds = script.tokenizer_modifier(media_state(raw_images=pictures), "Describe them:", None, None)
+    assert embeds is not None and torch.equal(embeds, expected)
+
+
 def test_image_rows_never_carry_the_pad_id(host, llama_dir):
     """text-generation-webui generates with no attention mask: transformers masks every pad-id position."""
     from extensions.multimodal.core.pad_safe_ids import image_row_id

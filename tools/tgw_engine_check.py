@@ -16,7 +16,8 @@ text-generation-webui loads the same folder, without its weights, and sends ever
    each answered by vLLM (its `vllm:request_success_total` grows) and changed by another picture; a chat
    longer than vLLM's context answered, its oldest turns left out (truncation_length at most vLLM's); a picture
    more than vLLM takes is refused with vLLM's reason (HTTP 400), and the server still answers after; with
-   vLLM stopped, a 503 that says it cannot be reached;
+   vLLM stopped, a 503 that says it cannot be reached; vLLM started again under another served name and
+   with a context of 1024, the long chat answered (what the extension knew of vLLM is asked again);
 3. its page in Chromium (the harness's ui_shim), `--multimodal-engine-url` after `--`: a picture attached in
    the chat box and two turns answered (screenshots in OUT/page). (Run before 2, which stops vLLM.)
 Exit 0 when every check holds.
@@ -149,6 +150,12 @@ def real_server(args, vllm) -> int:
         problems += refused_then_served(api, pictures)
         vllm.stop()
         problems += engine_down(api, pictures)
+        restarted = start_vllm(args.work / "vllm-restarted.log", port=vllm.port,
+                               extra=("--max-model-len", "1024", "--served-model-name", "renamed-model"))
+        try:
+            problems += long_chat_fits(api, pictures, "vLLM restarted with another name and a context of 1024")
+        finally:
+            restarted.stop()
     finally:
         process.terminate()
         process.wait(30)
@@ -158,7 +165,7 @@ def real_server(args, vllm) -> int:
         print("PASS real server (launch.py --model at start-up, without --cpu): two turns answered by vLLM, each "
               "changed by another picture; a chat longer than vLLM's context answered with its oldest turns left "
               "out; a picture too many refused with vLLM's reason (400), served again after; vLLM stopped: a 503 "
-              "that says so")
+              "that says so; vLLM restarted under another name and context: the long chat answered again")
     return len(problems)
 
 
@@ -168,10 +175,10 @@ def chat(api: str, messages: list) -> str:
     return post(f"{api}/v1/chat/completions", body)["choices"][0]["message"]["content"]
 
 
-def long_chat_fits(api: str, pictures) -> list[str]:
+def long_chat_fits(api: str, pictures, when: str = "") -> list[str]:
     """Three turns longer together than vLLM's context (2048), under text-generation-webui's truncation_length
     of 8192: the oldest are left out and vLLM answers, rather than refusing the whole prompt."""
-    filler = "Describe the picture in detail, please. " * 120  # about 850 tokens a turn
+    filler = "Describe the picture in detail, please. " * 100  # about 800 tokens a turn
     messages = []
     for turn in range(3):
         messages += [{"role": "user", "content": [{"type": "text", "text": filler + "What is in this picture?"},
@@ -181,10 +188,11 @@ def long_chat_fits(api: str, pictures) -> list[str]:
     try:
         reply = post(f"{api}/v1/chat/completions", body)
     except urllib.error.HTTPError as error:
-        return [f"a chat longer than vLLM's context: HTTP {error.code} {error.read().decode(errors='replace')[:300]}"]
+        return [f"a chat longer than vLLM's context{when and ', ' + when}: HTTP {error.code} "
+                f"{error.read().decode(errors='replace')[:300]}"]
     text = reply["choices"][0]["message"]["content"]
-    print(f"a chat longer than vLLM's context: {text!r}")
-    return [] if text else ["a chat longer than vLLM's context: an empty reply"]
+    print(f"a chat longer than vLLM's context{when and ', ' + when}: {text!r}")
+    return [] if text else [f"a chat longer than vLLM's context{when and ', ' + when}: an empty reply"]
 
 
 def refused_then_served(api: str, pictures) -> list[str]:

@@ -109,12 +109,13 @@ from extensions.multimodal.core.processor_loading import ProcessorLoadError  # n
 from extensions.multimodal.lean_host.placeholder_ban_batch import batch_ban_class  # noqa: E402
 from extensions.multimodal.tgw import engine_model, serving  # noqa: E402
 from extensions.multimodal.tgw.engine_client import engine_url  # noqa: E402
-from extensions.multimodal.tgw.native_media import MEDIA_MARKER, media_to_tags, stand_in_tag  # noqa: E402
+from extensions.multimodal.tgw.native_media import MEDIA_MARKER, stand_in_tag, with_state_pictures  # noqa: E402
 from extensions.multimodal.tgw.refusal import host_errors  # noqa: E402
 from extensions.multimodal.tgw.template_parts import use_parts_templates  # noqa: E402
 from extensions.multimodal.tgw.template_tags import add_generation_tag  # noqa: E402
 from modules import shared  # noqa: E402
 from modules.logging_colors import logger  # noqa: E402
+from modules.text_generation import encode, get_max_prompt_length  # noqa: E402
 
 params = dict(DEFAULT_PARAMS)
 
@@ -252,9 +253,13 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
         from extensions.multimodal.tgw import remote_generation
 
         return prompt, remote_generation.open_reply(prompt, state, params), None
-    tagged = media_to_tags(prompt, state, params) if MEDIA_MARKER in prompt else prompt
+    tagged = with_state_pictures(prompt, state, params)
     if not has_tag(tagged):
-        return prompt, input_ids, input_embeds
+        if tagged == prompt:
+            return prompt, input_ids, input_embeds
+        # Markers without a picture, left out: the host's ids still hold them.
+        return tagged, encode(tagged, add_bos_token=state["add_bos_token"],
+                              truncation_length=get_max_prompt_length(state)), None
     if serving.processor_route(params):
         return prompt, serving.processor_route_ids(tagged, state, params), None
     embedded = served_model.embedder(params).forward(tagged, state)

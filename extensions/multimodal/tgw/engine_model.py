@@ -50,9 +50,17 @@ def answered_by_engine(model):
         return model
     cls = type(model)
     model.__class__ = type(cls.__name__, (cls,), {
-        "answered_by_engine": True, "generate": _engine_generate, "to": _itself, "cuda": _itself,
-        "device": property(lambda self: torch.device("cpu"))})
+        "answered_by_engine": True, "generate": _engine_generate, "forward": _no_forward, "to": _itself,
+        "cuda": _itself, "device": property(lambda self: torch.device("cpu"))})
     return model
+
+
+def _no_forward(self, *args, **kwargs):
+    # text-generation-webui's token probabilities (its /v1/internal/logits, the Notebook's button) run
+    # the model itself; without weights it could only fail on a meta tensor.
+    raise RuntimeError("The model's weights are in the remote engine (the multimodal extension's engine_url), not "
+                       "here: what runs the model itself, such as next-token probabilities, cannot; ask the "
+                       "engine (vLLM's logprobs) instead.")
 
 
 def _engine_generate(self, *args, **kwargs):

@@ -7,7 +7,8 @@ extension in `state`, in the order of the markers, from one of (the precedence i
    every picture of the whole history (the chat box);
 2. the `image_url` parts of `state['history']['messages']` (`/v1/chat/completions`);
 3. `state['raw_images']`: PIL images (`/v1/completions` with messages).
-`media_to_tags` replaces each marker by that picture's history tag, so the rest of the extension
+`media_to_tags` replaces each marker by that picture's history tag (`with_state_pictures` also puts
+`/v1/completions`' pictures before a prompt that has no marker), so the rest of the extension
 sees one image format; `stand_in_tag` is the tag a marker counts as when a prompt is only measured. When text-generation-webui dropped old turns to fit the context, the prompt
 holds fewer markers than the state holds pictures: markers and pictures are matched from the newest.
 A picture that cannot be read is refused (ImageDecodeError) when it came with the message being
@@ -24,7 +25,7 @@ from PIL import Image
 
 from extensions.multimodal.core import notices
 from extensions.multimodal.core.history_images import history_max_side, history_tags
-from extensions.multimodal.core.image_codec import DATA_URL_PREFIX, ImageDecodeError, data_url_bytes, store_image
+from extensions.multimodal.core.image_codec import DATA_URL_PREFIX, ImageDecodeError, data_url_bytes, has_tag, store_image
 
 MEDIA_MARKER = "<__media__>"
 FETCH_TIMEOUT_S = 10
@@ -142,6 +143,20 @@ def media_to_tags(prompt: str, state: dict, params: dict) -> str:
     for cause in left_out:
         notices.tell(state, f"A picture of an earlier message was left out: {cause}")
     return prompt
+
+
+def with_state_pictures(prompt: str, state: dict, params: dict) -> str:
+    """The prompt as the extension reads it: its `<__media__>` markers as tags (`media_to_tags`). A prompt
+    with neither markers nor tags, sent to `/v1/completions` with pictures (`state['raw_images']`: its
+    messages' image parts), gets their tags before it, one a line, where text-generation-webui's own
+    ExLlamaV3 loader puts them."""
+    if MEDIA_MARKER in prompt:
+        return media_to_tags(prompt, state, params)
+    raw = list(state.get("raw_images") or [])
+    if not raw or has_tag(prompt):
+        return prompt
+    label = lambda i, n: f"picture {i + 1} of {n}"  # noqa: E731
+    return "".join(tag + "\n" for tag in history_tags(raw, state, params, label)) + prompt
 
 
 _stand_in_tag: list[str] = []

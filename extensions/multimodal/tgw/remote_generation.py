@@ -26,7 +26,7 @@ import torch
 from extensions.multimodal.core.engine_prompt import engine_prompt
 from extensions.multimodal.tgw.engine_client import (KEY_VARIABLE, EngineClient, EngineRefusedError,
                                                      EngineUnavailableError, ReplyStream, engine_url, request_body)
-from extensions.multimodal.tgw.native_media import MEDIA_MARKER, media_to_tags
+from extensions.multimodal.tgw.native_media import with_state_pictures
 from modules import shared
 from modules.logging_colors import logger
 from modules.text_generation import encode
@@ -36,7 +36,9 @@ NEUTRAL_SAMPLERS = {"typical_p": 1, "tfs": 1, "top_a": 0, "top_n_sigma": 0, "eps
                     "smoothing_factor": 0, "dynamic_temperature": False, "xtc_probability": 0, "dry_multiplier": 0,
                     "mirostat_mode": 0, "penalty_alpha": 0, "guidance_scale": 1, "no_repeat_ngram_size": 0,
                     "encoder_repetition_penalty": 1, "prompt_lookup_num_tokens": 0, "negative_prompt": "",
-                    "grammar_string": "", "adaptive_target": 0}
+                    "grammar_string": "", "adaptive_target": 0,
+                    # text-generation-webui's count the prompt's tokens too (within the range), vLLM's the reply's only
+                    "presence_penalty": 0, "frequency_penalty": 0}
 
 
 @dataclass
@@ -69,20 +71,25 @@ def open_reply(prompt: str, state: dict, params: dict) -> torch.Tensor:
     global _pending
     discard_pending()
     refuse_unsupported(state)
-    tagged = media_to_tags(prompt, state, params) if MEDIA_MARKER in prompt else prompt
+    tagged = with_state_pictures(prompt, state, params)
     laid_out = engine_prompt(tagged, state, params) or {"pieces": [tagged], "images": [], "placeholder": "",
                                                         "processor_kwargs": {}}
     pieces = list(laid_out["pieces"])
     pieces[0] = with_hosts_bos(pieces[0], state)
     engine = client(params)
-    body = request_body(served_name(engine), pieces, laid_out["images"], laid_out["placeholder"], False,
-                        sampling(state, params), laid_out["processor_kwargs"])
-    stream = engine.open(body, lambda: bool(shared.stop_everything))
-    first = next(stream, None)
+    try:
+        body = request_body(served_name(engine), pieces, laid_out["images"], laid_out["placeholder"], False,
+                            sampling(state, params), laid_out["processor_kwargs"])
+        stream = engine.open(body, lambda: bool(shared.stop_everything))
+        first = next(stream, None)
+    except (EngineRefusedError, EngineUnavailableError):
+        forget_served()  # a vLLM restarted under another name or context is asked again next turn
+        raise
     if first is None or first.prompt_token_ids is None:
         stream.close()
         raise EngineUnavailableError(f"The {engine.description} sent no prompt ids: is it vLLM 0.10 or later?")
     ids = torch.tensor([first.prompt_token_ids], dtype=torch.int64)
+    refuse_short_penalty_range(state, ids.shape[-1], stream)
     _pending = PendingReply(stream, ids)
     logger.info(f"Multimodal: {ids.shape[-1]} prompt tokens, {len(laid_out['images'])} picture(s), to the {engine.description}")
     return ids
@@ -107,6 +114,9 @@ def generate(inputs: Optional[torch.Tensor] = None, stopping_criteria=(), logits
                 sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
                 if any(bool(torch.as_tensor(stop(sequence, None)).any()) for stop in stopping_criteria):
                     return sequence
+    except EngineUnavailableError:
+        forget_served()  # broken off: vLLM may come back restarted, and is asked again next turn
+        raise
     finally:
         reply.stream.close()
     return sequence
@@ -131,6 +141,10 @@ def served(engine: EngineClient) -> Served:
     if key not in _served:
         _served[key] = ask_served(engine)
     return _served[key]
+
+
+def forget_served() -> None:
+    _served.clear()
 
 
 def ask_served(engine: EngineClient) -> Served:
@@ -176,11 +190,22 @@ def refuse_unsupported(state: dict) -> None:
         raise EngineRefusedError("Logits processors (logit_bias, logprobs) cannot run in the engine: leave them out to use it.")
 
 
+def refuse_short_penalty_range(state: dict, prompt_tokens: int, stream) -> None:
+    """vLLM's repetition penalty sees the whole prompt and reply; text-generation-webui's, their last
+    `repetition_penalty_range` tokens (0: all). Refused where the two differ, once the prompt's length is known."""
+    penalty, window = float(state.get("repetition_penalty", 1)), int(state.get("repetition_penalty_range") or 0)
+    needed = prompt_tokens + int(state.get("max_new_tokens") or 0)
+    if penalty != 1 and 0 < window < needed:
+        stream.close()
+        raise EngineRefusedError(
+            f"The engine (vLLM) applies repetition_penalty to the whole prompt and reply ({needed} tokens here), not "
+            f"to their last repetition_penalty_range ({window}): set repetition_penalty_range to 0 (all tokens), or "
+            f"repetition_penalty to 1, to use it.")
+
+
 def sampling(state: dict, params: dict) -> dict[str, Any]:
     """The state's samplers as vLLM's request fields."""
     fields: dict[str, Any] = {"repetition_penalty": float(state.get("repetition_penalty", 1)),
-                              "presence_penalty": float(state.get("presence_penalty", 0)),
-                              "frequency_penalty": float(state.get("frequency_penalty", 0)),
                               "seed": int(torch.randint(0, 2**31 - 1, (1,)))}  # from the seed the host just set
     if not state.get("auto_max_new_tokens"):
         fields["max_tokens"] = int(state["max_new_tokens"])
