@@ -129,7 +129,7 @@ def load_model(model_name: str):
     if not use_cuda():
         model = model.to("cpu")
     model.eval()
-    shared.settings["truncation_length"] = context_length(model, shared.settings["truncation_length"])
+    take_context_length(model)
     model_settings.apply(path.name)
     return model, tokenizer
 
@@ -172,7 +172,7 @@ def load_without_weights(model_name: str):
     embedding.weight = torch.nn.Parameter(torch.zeros(1).expand(embedding.weight.shape), requires_grad=False)
     model.eval()
     tokenizer = load_tokenizer(path)
-    shared.settings["truncation_length"] = context_length(model, shared.settings["truncation_length"])
+    take_context_length(model)
     model_settings.apply(path.name)
     return model, tokenizer
 
@@ -193,6 +193,13 @@ def processor_chat_template(path: Path) -> str | None:
         logger.info(f"No processor chat template in {path}: {type(error).__name__}: {str(error)[:160]}")
         return None
     return processor_dict.get("chat_template")
+
+
+def take_context_length(model) -> None:
+    """The model's context as `truncation_length`, as text-generation-webui's loaders set it, unless the
+    user's settings file sets one: that wins, as it wins over the models folders' config files."""
+    if "truncation_length" not in shared.user_setting_keys:
+        shared.settings["truncation_length"] = context_length(model, shared.settings["truncation_length"])
 
 
 def context_length(model, default: int) -> int:

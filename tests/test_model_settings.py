@@ -51,3 +51,17 @@ def test_the_shipped_config_turns_add_all_images_on_for_the_demo_only(host):
     assert (ROOT / "models" / "config.yaml").exists()
     assert model_settings.settings_for(shared.DEMO_MODEL) == {"multimodal-add_all_images_to_prompt": True}
     assert model_settings.settings_for("llava-1.5-7b-hf") == {}
+
+
+def test_the_models_context_is_the_truncation_length_unless_the_users_settings_file_sets_one(host, tmp_path):
+    from modules import models
+
+    shared.args = shared.parse_args([])
+    shared.settings["truncation_length"] = 999
+    models.load_model(shared.DEMO_MODEL)
+    assert shared.settings["truncation_length"] == 2048  # the demo's max_position_embeddings
+    user = tmp_path / "settings.yaml"
+    user.write_text("truncation_length: 256\n")
+    shared.load_settings(user)
+    models.load_model(shared.DEMO_MODEL)
+    assert shared.settings["truncation_length"] == 256
