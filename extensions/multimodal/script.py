@@ -253,7 +253,9 @@ def tokenizer_modifier(state: dict, prompt: str, input_ids: torch.Tensor, input_
         from extensions.multimodal.tgw import remote_generation
 
         return prompt, remote_generation.open_reply(prompt, state, params), None
-    tagged = with_state_pictures(prompt, state, params)
+    # Only text-generation-webui writes markers or hands pictures over in the state (tgw/native_media.py).
+    from_tgw = MEDIA_MARKER in prompt or bool(state.get("raw_images"))
+    tagged = with_state_pictures(prompt, state, params) if from_tgw else prompt
     if not has_tag(tagged):
         if tagged == prompt:
             return prompt, input_ids, input_embeds

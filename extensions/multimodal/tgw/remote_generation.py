@@ -56,6 +56,7 @@ class Served:
 _pending: Optional[PendingReply] = None  # opened by the tokenizer hook, consumed by generate()
 _clients: dict[tuple, EngineClient] = {}
 _served: dict[tuple, Served] = {}  # (engine URL, text-generation-webui's model) -> how vLLM serves it
+_told: set[tuple[int, int]] = set()  # (truncation_length, engine context) pairs the log has named
 
 
 def client(params: dict) -> EngineClient:
@@ -165,8 +166,13 @@ def within_context(state: dict, params: dict) -> None:
         context = served(client(params)).context
     except (EngineUnavailableError, EngineRefusedError):
         return
-    if context and int(state.get("truncation_length") or 0) > context:
+    asked = int(state.get("truncation_length") or 0)
+    if context and asked > context:
         state["truncation_length"] = context
+        if (asked, context) not in _told:  # once, not every turn: the page's slider still shows its own
+            _told.add((asked, context))
+            logger.info(f"Multimodal: truncation_length {asked} is more than the engine's context: chats leave "
+                        f"out their oldest turns to fit its {context} tokens")
 
 
 def with_hosts_bos(text: str, state: dict) -> str:
