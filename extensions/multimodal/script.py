@@ -100,7 +100,8 @@ from typing import Any, Optional  # noqa: E402
 
 import torch  # noqa: E402
 
-from extensions.multimodal.core import history_images, image_budget, loaded_model, prompt_encoding, served_model  # noqa: E402
+from extensions.multimodal.core import (history_images, image_budget, loaded_model, prompt_encoding,  # noqa: E402
+                                        served_model)
 from extensions.multimodal.core.defaults import DEFAULT_PARAMS, IMAGE_TOKENS, MESSAGE_IMAGES, MODEL_ROUTE  # noqa: E402
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE, check_history_format, has_tag, ordinal  # noqa: E402
 from extensions.multimodal.core.pipeline_loader import module_capability  # noqa: E402

@@ -25,7 +25,8 @@ from PIL import Image
 
 from extensions.multimodal.core import notices
 from extensions.multimodal.core.history_images import history_max_side, history_tags
-from extensions.multimodal.core.image_codec import DATA_URL_PREFIX, ImageDecodeError, data_url_bytes, has_tag, store_image
+from extensions.multimodal.core.image_codec import (DATA_URL_PREFIX, ImageDecodeError, data_url_bytes, has_tag,
+                                                    store_image)
 
 MEDIA_MARKER = "<__media__>"
 FETCH_TIMEOUT_S = 10

@@ -190,8 +190,8 @@ def with_hosts_bos(text: str, state: dict) -> str:
 def refuse_unsupported(state: dict) -> None:
     changed = [key for key, neutral in NEUTRAL_SAMPLERS.items() if key in state and state[key] != neutral]
     if changed:
-        raise EngineRefusedError(f"The engine (vLLM) has no equal of {', '.join(changed)}: set them to their neutral values "
-                         f"(the 'Neutralize samplers' button) to use it.")
+        raise EngineRefusedError(f"The engine (vLLM) has no equal of {', '.join(changed)}: set them to their neutral "
+                                 f"values (the 'Neutralize samplers' button) to use it.")
     if state.get("logits_processor"):
         raise EngineRefusedError("Logits processors (logit_bias, logprobs) cannot run in the engine: leave them out to use it.")
 
