@@ -27,6 +27,9 @@ docs/ARCHITECTURE.md, "Concerns written twice on purpose").
 """
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
+
 import torch
 from transformers import Cache
 from transformers.cache_utils import StaticLayer
@@ -53,6 +56,23 @@ MIN_SLOTS = 4096
 BLOCK = 256
 _told: set[str] = set()  # families already said to keep the dynamic cache
 _lengths_told: set[tuple[str, int]] = set()  # (checkpoint, slots) already logged
+
+
+def graphs_on_this_thread() -> None:
+    """Lets the compiled step replay CUDA graphs on the calling thread (the host's compute thread).
+
+    torch records them through cudagraph trees, whose manager lives in thread-local storage that only
+    the thread that imported them (and autograd's threads) start with; on any other thread the compiled
+    step fails with a bare AssertionError in `cudagraph_trees.get_obj` (seen on an H200, torch 2.11).
+    All generation runs on one long-lived thread, so it gets a manager of its own, once."""
+    try:
+        from torch._inductor import cudagraph_trees
+    except ImportError:  # a torch without inductor compiles nothing
+        return
+    local = getattr(cudagraph_trees, "local", None)
+    if local is not None and not hasattr(local, "tree_manager_containers"):
+        local.tree_manager_containers = {}
+        local.tree_manager_locks = defaultdict(threading.Lock)
 
 
 class WritePositionLayer(StaticLayer):

@@ -272,7 +272,8 @@ _compute_thread: ThreadPoolExecutor | None = None
 def compute_thread() -> ThreadPoolExecutor:
     global _compute_thread
     if _compute_thread is None:
-        _compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation")
+        _compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation",
+                                             initializer=static_decode.graphs_on_this_thread)
     return _compute_thread
 
 
