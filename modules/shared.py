@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--static-cache", action="store_true",
                        help="Decode with a static KV cache, which transformers compiles on CUDA (llava-hf, "
                             "LLaVA-NeXT/OneVision, Qwen2.5-VL and Gemma 3; other families keep the dynamic one). "
-                            "The static_cache setting (true/false) overrides it per request.")
+                            "On by default on a CUDA device where it compiles; this flag turns it on elsewhere. "
+                            "The static_cache setting (true/false) overrides both.")
 
     group = parser.add_argument_group("Engine")
     group.add_argument("--engine-url", type=str, default=None, metavar="URL",

@@ -8,7 +8,8 @@ start-up instead, through the host's own chat turn: the same thread, grad mode a
 turn, so the graph it compiles is the one every later reply at that cache length runs
 (`tests/test_static_compile.py` counts the graphs). It compiles for the length most chats get
 (`static_decode.slots`: MIN_SLOTS, or the context where that is shorter); a chat that outgrows it waits
-once more, and the log says so.
+once more, and the log says so. Where the step cannot compile (no working Triton, say), the warm-up
+says why and the static cache is turned off (the `static_cache` setting), so that replies still come.
 """
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ def compile_static_decode() -> None:
         return
     logger.info("Static cache: compiling the decoding step before serving, so that the first reply does not wait")
     started = time.perf_counter()
-    for _ in chat.generate_chat_reply("Hello.", state, loading_message=False):
-        pass
-    prefix_cache.clear()  # nobody's prefix
+    try:
+        for _ in chat.generate_chat_reply("Hello.", state, loading_message=False):
+            pass
+    except Exception as error:  # e.g. no working Triton (Windows): serve, with the dynamic cache
+        shared.settings["static_cache"] = False
+        logger.warning(f"Static cache: the decoding step did not compile ({type(error).__name__}: {error}); "
+                       f"replies decode with the dynamic cache")
+        return
+    finally:
+        prefix_cache.clear()  # nobody's prefix
     logger.info(f"Static cache: compiled in {time.perf_counter() - started:.1f} s")

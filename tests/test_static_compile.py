@@ -116,3 +116,27 @@ def test_compiled_at_start_up_the_first_replies_compile_nothing(host, family_fol
         turns[-1] = (text, turns[-1][1], history["internal"][-1][1])
     assert isinstance(prefix_cache._kept.cache, static_decode.WritePositionCache)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_a_step_that_cannot_compile_leaves_the_dynamic_cache_and_the_replies(host, family_folder, monkeypatch, caplog):
+    """Where the compiler fails (Windows has no working Triton, say), the start-up warm-up says why and the
+    host serves with the dynamic cache, rather than failing every reply."""
+    from modules import static_warm_up
+    from tests.test_vlm_families_host import NEW_TOKENS
+
+    def no_triton(graph, example_inputs):
+        raise RuntimeError("Cannot find a working triton installation")
+
+    host.load(family_folder("llava"), ["multimodal"])
+    monkeypatch.setattr(shared.args, "static_cache", True)
+    config = CompileConfig(backend=no_triton, mode=None)
+    config._compile_all_devices = True
+    shared.model.generation_config.compile_config = config
+    static_warm_up.compile_static_decode()
+    assert shared.settings["static_cache"] is False and prefix_cache._kept is None
+    assert "did not compile" in caplog.text and "triton" in caplog.text
+    text, picture = TURNS[0]
+    state = host_helpers.greedy_state(max_new_tokens=NEW_TOKENS, message_images=[png(*picture)])
+    history = list(chat.generate_chat_reply(text, state, loading_message=False))[-1]
+    assert history["internal"][-1][1] == hf_reply([(text, [png(*picture)], None)])
+    assert not isinstance(prefix_cache._kept.cache, static_decode.WritePositionCache)

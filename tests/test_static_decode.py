@@ -126,7 +126,9 @@ def test_the_two_copies_agree(host, family_folder):
 
     host.load(family_folder("llava"), ["multimodal"])
 
-    for name in ("DEFAULT_ON_CUDA", "FAMILIES", "MASK_FROM_TOKEN_TYPES", "MIN_SLOTS", "BLOCK"):
+    # DEFAULT_ON_CUDA differs on purpose: the host's was measured on a GPU, the twin's (text-generation-
+    # webui's generating threads, its compiler switch) was not.
+    for name in ("FAMILIES", "MASK_FROM_TOKEN_TYPES", "MIN_SLOTS", "BLOCK"):
         assert getattr(twin, name) == getattr(static_decode, name), name
     for context, prompt, new in [(512, 100, 8), (512, 600, 8), (2048, 2047, 512), (4096, 100, 512),
                                  (131072, 3000, 512), (131072, 5000, 512), (131072, 131000, 512)]:

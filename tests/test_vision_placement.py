@@ -100,7 +100,10 @@ def test_the_device_hooks_are_placed_once_and_dropped_when_the_devices_agree(tmp
     assert first is theirs and isinstance(second, SplitDevicesHook)
     assert all(isinstance(part._hf_hook, SplitDevicesHook) for part in parts)
 
+    assert isinstance(model.get_decoder()._hf_hook, SplitDevicesHook)
+
     assert not align_devices(model, parts, cpu, cpu)
     assert model._hf_hook is theirs
-    assert not any(hasattr(part, "_hf_hook") for part in parts)
+    assert not any(hasattr(part, "_hf_hook") for part in (*parts, model.get_decoder()))
     assert torch.equal(model(input_ids=ids).logits, before)
+

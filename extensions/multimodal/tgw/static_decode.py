@@ -29,7 +29,10 @@ try:
 except ImportError:  # transformers 4.x: no layered caches
     StaticLayer = None
 
-DEFAULT_ON_CUDA = False  # flip with modules/static_decode.py's, once a lent GPU shows it exact and faster
+# Off, unlike the host's: an H200 run showed the host's compiled static path exact and faster, but none has
+# run it inside text-generation-webui, where the compiler is off before torch 2.13 (the step would run
+# eagerly: slower) and from 2.13 compiles on a new thread each reply. Opt in with `static_cache: true`.
+DEFAULT_ON_CUDA = False
 FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "qwen2_5_vl", "gemma3"})
 MASK_FROM_TOKEN_TYPES = frozenset({"gemma3"})
 MIN_SLOTS = 4096  # slots: the need doubled from this, at most the context (modules/static_decode.py says why)

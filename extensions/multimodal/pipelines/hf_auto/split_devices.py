@@ -12,6 +12,9 @@ SmolVLM and InternVL cast the pixels to `model.dtype`, the tower's). So, as acce
 does for a model split over devices, an `AlignDevicesHook` on the whole model moves its forward's inputs
 to the language model's device (the outputs back where the inputs came from; the KV cache is left where
 it is), and one on each vision part moves that part's inputs to the tower's device and its outputs back.
+One more on the language model itself (`get_decoder()`) moves its inputs to its device: transformers
+5.23's Idefics3 moves each decoding step's embeddings to `self.device`, the tower's (an H200 run failed
+there with the language model on the CPU; SmolVLM's copy of that code uses the ids' device).
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def align_devices(model: torch.nn.Module, parts: list[torch.nn.Module], lm_devic
                   vision_device: torch.device) -> bool:
     """Hook `model` and its vision `parts` for their devices; drop the hooks placed here before, and place
     none where both devices are the same. Returns whether hooks are in place."""
-    for module in (model, *parts):
+    decoder = language_model(model, parts)
+    for module in (model, *parts, *decoder):
         drop_ours(module)
     if torch.device(lm_device) == torch.device(vision_device):
         return False
@@ -35,9 +39,20 @@ def align_devices(model: torch.nn.Module, parts: list[torch.nn.Module], lm_devic
     skip_keys = getattr(model, "_skip_keys_device_placement", None)
     add_hook_to_module(model, SplitDevicesHook(execution_device=lm_device, io_same_device=True,
                                                skip_keys=skip_keys), append=True)
+    for module in decoder:  # its outputs stay on its device, where the head that reads them is
+        add_hook_to_module(module, SplitDevicesHook(execution_device=lm_device, skip_keys=skip_keys), append=True)
     for part in parts:
         add_hook_to_module(part, SplitDevicesHook(execution_device=vision_device, io_same_device=True), append=True)
     return True
+
+
+def language_model(model: torch.nn.Module, parts: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The model's language model (`get_decoder()`), in a list; none where it has none or it is a vision part."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    if not isinstance(decoder, torch.nn.Module) or decoder is model or any(decoder is part for part in parts):
+        return []
+    return [decoder]
 
 
 def drop_ours(module: torch.nn.Module) -> None:
