@@ -28,7 +28,9 @@
 #   multiturn (220) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
 #                   the tokens are identical or every difference starts at an exact tie of HF's top two.
 #                   --profile: one more run of ours, each turn's TTFT under torch's profiler (ttft_profiles:
-#                   kernels, the host's operators and syncs; an H100 run had turn 3 at 757 ms, not explained)
+#                   kernels, the host's operators and syncs; an H100 run had turn 3 at 757 ms, not explained; an
+#                   H200 run had 47 ms of turn 5 in aten::_cudnn_attention_forward on the host). MULTITURN_EXTRA=
+#                   --no-cudnn-attention runs it with cuDNN's attention backend off, to compare
 #   decode    (115) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
 #                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
@@ -194,7 +196,7 @@ sec_multiturn() {
   if [ "$DEVICE" = cuda ]; then
     whole_model_or_none
     project_py bench/multiturn.py --size real --dtype bf16 --device cuda --text-layers 32 \
-      --model-dir "$REAL_MODEL" --json-out "$W/multiturn-table.json" --profile
+      --model-dir "$REAL_MODEL" --json-out "$W/multiturn-table.json" --profile ${MULTITURN_EXTRA:-}
   else
     project_py bench/multiturn.py --size small --dtype fp32 --device cpu --text-layers 1 --vision-layers 1 \
       --repeats 1 --max-new-tokens 4 --json-out "$W/multiturn-table.json" --profile
