@@ -27,6 +27,7 @@ docs/ARCHITECTURE.md, "Concerns written twice on purpose").
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections import defaultdict
 
@@ -60,16 +61,16 @@ _lengths_told: set[tuple[str, int]] = set()  # (checkpoint, slots) already logge
 
 
 def graphs_on_this_thread() -> None:
-    """Lets the compiled step replay CUDA graphs on the calling thread (the host's compute thread).
+    """Lets a compiled step replay CUDA graphs on the calling thread (the host's compute thread, before
+    each `generate`).
 
     torch records them through cudagraph trees, whose manager lives in thread-local storage that only
     the thread that imported them (and autograd's threads) start with; on any other thread the compiled
     step fails with a bare AssertionError in `cudagraph_trees.get_obj` (seen on an H200, torch 2.11).
-    All generation runs on one long-lived thread, so it gets a manager of its own, once."""
-    try:
-        from torch._inductor import cudagraph_trees
-    except ImportError:  # a torch without inductor compiles nothing
-        return
+    All generation runs on one long-lived thread, which gets a manager of its own. Nothing is imported
+    here: where no thread has imported them yet, the compile that will runs on this thread (importing
+    torch's inductor on this thread, on a CPU, aborted one exit in four)."""
+    cudagraph_trees = sys.modules.get("torch._inductor.cudagraph_trees")
     local = getattr(cudagraph_trees, "local", None)
     if local is not None and not hasattr(local, "tree_manager_containers"):
         local.tree_manager_containers = {}

@@ -272,8 +272,7 @@ _compute_thread: ThreadPoolExecutor | None = None
 def compute_thread() -> ThreadPoolExecutor:
     global _compute_thread
     if _compute_thread is None:
-        _compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation",
-                                             initializer=static_decode.graphs_on_this_thread)
+        _compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation")
     return _compute_thread
 
 
@@ -292,6 +291,7 @@ def produce(question: str, state: dict, stop_event: threading.Event, events: que
             with batch_logits_processors(state, input_ids) as batch_processors:
                 kwargs, prompt_embeds = generate_kwargs(input_ids, inputs_embeds, state, stop_event, batch_processors)
                 on_tokens = batch_processors.take_tokens if batch_processors is not None else None
+                static_decode.graphs_on_this_thread()
                 output = shared.model.generate(**kwargs, streamer=TokenQueue(events, on_tokens))
             if prompt_embeds is not None:
                 prefix_cache.keep(shared.model, prompt_embeds, output.past_key_values)
