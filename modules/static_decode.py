@@ -39,7 +39,7 @@ from modules import shared
 from modules.logging_colors import logger
 
 # On a CUDA device where transformers compiles the step, the static cache is the default (the setting or
-# --static-cache aside): an H200 run (tools/gpu_check.sh, README "On a GPU") showed every family's replies
+# --static-cache aside): an H200 run (tools/gpu_check.sh, README "On an H200") showed every family's replies
 # the dynamic path's in fp32 over a three-turn chat, and decode 3.1 times as fast at LLaVA-1.5-7B in bf16.
 DEFAULT_ON_CUDA = True
 # model_type of the checkpoints whose language model decodes exactly with this cache.
