@@ -79,7 +79,7 @@ def open_reply(prompt: str, state: dict, params: dict) -> torch.Tensor:
     pieces[0] = with_hosts_bos(pieces[0], state)
     engine = client(params)
     try:
-        body = request_body(served_name(engine), pieces, laid_out["images"], laid_out["placeholder"], False,
+        body = request_body(served(engine).name, pieces, laid_out["images"], laid_out["placeholder"], False,
                             sampling(state, params), laid_out["processor_kwargs"])
         stream = engine.open(body, lambda: bool(shared.stop_everything))
         first = next(stream, None)
@@ -129,10 +129,6 @@ def discard_pending() -> None:
     if _pending is not None:
         _pending.stream.close()
         _pending = None
-
-
-def served_name(engine: EngineClient) -> str:
-    return served(engine).name
 
 
 def served(engine: EngineClient) -> Served:
