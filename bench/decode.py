@@ -39,6 +39,11 @@ of it and, on CUDA, the runtime's launches and syncs (`step_profile` in each col
     python bench/decode.py --size micro --new-tokens 512 --compiled --cpu-compile --equal-slots --runs 5
     python bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --compiled --json
     python bench/decode.py --size micro --new-tokens 64 --runs 1 --profile   # where a step goes
+    python bench/decode.py --device cuda --dtype bf16 --size real --text-layers 32 --attention-backends --json
+`--attention-backends` first writes the chat's history three times, each turn's TTFT and decode rate
+recorded: with cuDNN's attention at lengths it meets for the first time, again at lengths it has planned,
+and without it (modules/attention_backend.py says why the host turns it off on CUDA). On a CPU the three
+run the same kernels.
 """
 from __future__ import annotations
 
@@ -87,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --compiled: also HF's compiled static path with a cache as long as ours")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed runs, where each column's decode step goes (bench/step_profile.py)")
+    parser.add_argument("--attention-backends", action="store_true",
+                        help="first, the chat's history written three times: with cuDNN's attention at lengths it "
+                             "meets for the first time, again with its plans kept, and without it")
+    parser.add_argument("--cudnn-attention", action="store_true",
+                        help="the host keeps cuDNN's attention backend (its --cudnn-attention) for the columns")
     parser.add_argument("--bandwidth", type=float, default=None, help="the GPU's memory bandwidth in TB/s")
     parser.add_argument("--model-dir", type=str, default=None, help="keep the model folder here (reused when present)")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
@@ -110,14 +120,15 @@ def log(args, message: str) -> None:
 
 # -- The chat ----------------------------------------------------------------------------------------
 
-def write_history(args) -> dict:
-    """The four turns before the measured one, answered by our host (pictures on turns 1 and 3)."""
+def write_history(args, turns: list[dict] | None = None) -> dict:
+    """The four turns before the measured one, answered by our host (pictures on turns 1 and 3); each
+    turn's `host_turn` figures appended to `turns` when given."""
     history = chat.new_history()
     for turn in range(HISTORY_TURNS):
-        images = multiturn.turn_images(args, turn) or None
-        for history in chat.generate_chat_reply(multiturn.QUESTIONS[turn], turn_state(args, history, images),
-                                                loading_message=False):
-            pass
+        result = host_turn(args, history, multiturn.QUESTIONS[turn], multiturn.turn_images(args, turn) or None)
+        history = result.pop("history")
+        if turns is not None:
+            turns.append(result)
     return history
 
 
@@ -145,6 +156,30 @@ def turn_state(args, history: dict, images: list | None = None, **settings) -> d
     return chat.new_state(history, do_sample=False, ban_eos_token=True, seed=0, message_images=images, **settings)
 
 
+def attention_backends(args) -> dict:
+    """`--attention-backends`, before anything else in the process has met the chat's lengths: the history
+    written three times, each turn's TTFT and decode rate. (1) with cuDNN's attention, which builds a plan
+    for each shape it meets (each turn's prefill, each decoding step's cache length); (2) with cuDNN again,
+    the same turns, its plans kept (`same_replies`: the replies, and so the lengths, were the first
+    writing's); (3) without cuDNN (the host's default on CUDA). Pictures go through the tower in (1) only
+    (the embedding cache keeps them), so the TTFTs of turns 2 and 4 compare best. Without CUDA the three
+    run the same kernels."""
+    out, replies, before = {}, None, torch.backends.cuda.cudnn_sdp_enabled()
+    for name, cudnn in (("cudnn_new_lengths", True), ("cudnn_seen_lengths", True), ("without_cudnn", False)):
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        prefix_cache.clear()
+        turns: list[dict] = []
+        write_history(args, turns)
+        out[name] = {"tokens_per_s": [round(t["tps"], 1) for t in turns],
+                     "ttft_ms": [round(t["ttft"] * 1e3, 1) for t in turns]}
+        if name == "cudnn_seen_lengths":
+            out[name]["same_replies"] = [t["reply"] for t in turns] == replies
+        log(args, f"attention {name}: {json.dumps(out[name])}")
+        replies = [t["reply"] for t in turns]
+    torch.backends.cuda.enable_cudnn_sdp(before)  # the host's choice again
+    return out
+
+
 # -- The columns -------------------------------------------------------------------------------------
 
 def run_ours(args, history: dict, processor: LogitsProcessor | None = None, **settings) -> dict:
@@ -162,25 +197,28 @@ def run_ours(args, history: dict, processor: LogitsProcessor | None = None, **se
         result = host_turn(args, history, **settings)
     finally:
         shared.logits_processors = loaded
+    result.pop("history")
     return {**result, "ttft_whole": whole["ttft"]}
 
 
-def host_turn(args, history: dict, **settings) -> dict:
-    """TTFT, decode tokens/s and the reply of the fifth turn through the host's chat."""
-    state = turn_state(args, history, **settings)
+def host_turn(args, history: dict, question: str = multiturn.QUESTIONS[HISTORY_TURNS], images: list | None = None,
+              **settings) -> dict:
+    """TTFT, decode tokens/s, the reply and the history after it of one turn (by default the fifth)
+    through the host's chat."""
+    state = turn_state(args, history, images, **settings)
     started = time.perf_counter()
     samples = []  # (seconds since start, tokens generated so far) at each yield
     latest = history
-    for latest in chat.generate_chat_reply(multiturn.QUESTIONS[HISTORY_TURNS], state, loading_message=False):
+    for latest in chat.generate_chat_reply(question, state, loading_message=False):
         samples.append((time.perf_counter() - started, state["generation_stats"]["completion_tokens"]))
     tokens = samples[-1][1]
     first = next(s for s in samples if s[1] >= 1)
     last = next(s for s in samples if s[1] == tokens)  # the yield that carried the last token
     prompt_tokens = state["generation_stats"]["prompt_tokens"]
     if tokens == 1:
-        return {"ttft": first[0], "prompt_tokens": prompt_tokens}
+        return {"ttft": first[0], "prompt_tokens": prompt_tokens, "history": latest}
     return {"ttft": first[0], "tps": (last[1] - first[1]) / max(last[0] - first[0], 1e-9), "tokens": tokens,
-            "prompt_tokens": prompt_tokens, "reply": latest["internal"][-1][1]}
+            "prompt_tokens": prompt_tokens, "reply": latest["internal"][-1][1], "history": latest}
 
 
 def hf_inputs(args, history: dict):
@@ -481,6 +519,7 @@ def main() -> None:
                 logits_processor_loader.requested_classes(use_entry_points=False))
             if args.compiled:
                 static_compile_config(args)
+        backends = attention_backends(args) if args.attention_backends else None
         history = write_history(args)
         whole_chat = whole_chat_tokens(args, history)
         hold_whole_chat(args, whole_chat)
@@ -489,6 +528,9 @@ def main() -> None:
             if args.compiled else None
         profiles = step_profiles(args, history, whole_chat) if args.profile else None
         result = report(args, runs, multiturn.on_compute_thread(hf_reference, args, history), steps, profiles)
+        result["cudnn_attention"] = bool(torch.backends.cuda.cudnn_sdp_enabled())
+        if backends is not None:
+            result["attention_backends"] = backends
     if not args.json:
         for column in runs:
             entry = result[column]

@@ -108,9 +108,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json-out", type=str, default=None)
     parser.add_argument("--profile", action="store_true",
                         help="one more run of (c), each turn's TTFT under torch's profiler (bench/step_profile.py)")
-    parser.add_argument("--no-cudnn-attention", action="store_true",
-                        help="every column's attention without cuDNN's backend (torch.backends.cuda.enable_cudnn_sdp): "
-                             "on an H200 a turn's prefill spent 47 ms of the host in it, for a new length")
+    parser.add_argument("--cudnn-attention", action="store_true",
+                        help="every column's attention with cuDNN's backend on CUDA, which the host otherwise turns "
+                             "off (its --cudnn-attention, modules/attention_backend.py)")
     args = parser.parse_args()
     size = SIZES[args.size]
     for name in ("text_layers", "vision_layers", "max_new_tokens", "repeats"):
@@ -217,7 +217,8 @@ def load_host(model_dir: Path, args, dtype: str) -> dict:
     """The model as `server.py --model DIR [--bf16]` loads it; the memory the extension adds, measured."""
     from extensions.multimodal.pipelines.hf_auto.image_features import vision_parts
 
-    argv = ["--model", str(model_dir), "--multimodal-pipeline", "llava-hf"] + (["--cpu"] if args.device == "cpu" else [])
+    argv = ["--model", str(model_dir), "--multimodal-pipeline", "llava-hf"] + (["--cpu"] if args.device == "cpu" else []) \
+        + (["--cudnn-attention"] if args.cudnn_attention else [])
     shared.args = shared.parse_args(argv + (["--bf16"] if dtype == "bf16" else []))
     extensions.reset()  # a second load (the other dtype) starts from scratch: no model held twice
     for name in [m for m in sys.modules if m.startswith("extensions.multimodal")]:
@@ -615,8 +616,6 @@ def cpu_name() -> str:
 def main() -> None:
     args = parse_args()
     torch.set_grad_enabled(False)
-    if args.no_cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model_dir or Path(tmp) / "bench-llava")
         if not (model_dir / "config.json").exists():

@@ -23,7 +23,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 from transformers.processing_utils import ProcessorMixin
 
-from modules import model_settings, shared
+from modules import attention_backend, model_settings, shared
 from modules.logging_colors import logger
 
 
@@ -128,6 +128,7 @@ def load_model(model_name: str):
     tokenizer = load_tokenizer(path)
     if not use_cuda():
         model = model.to("cpu")
+    attention_backend.choose(use_cuda())
     model.eval()
     take_context_length(model)
     model_settings.apply(path.name)

@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "On by default on a CUDA device where it compiles; this flag turns it on elsewhere. "
                             "The static_cache setting (true/false) overrides both.")
 
+    group.add_argument("--cudnn-attention", action="store_true",
+                       help="Keep cuDNN's attention backend on CUDA. Off by default: it builds a plan for each "
+                            "new sequence length, so eager decoding waits at every step of a new reply "
+                            "(README, \"On an H200\").")
+
     group = parser.add_argument_group("Engine")
     group.add_argument("--engine-url", type=str, default=None, metavar="URL",
                        help="Generate through a running vLLM server's OpenAI-compatible API, e.g. "

@@ -29,8 +29,8 @@
 #                   the tokens are identical or every difference starts at an exact tie of HF's top two.
 #                   --profile: one more run of ours, each turn's TTFT under torch's profiler (ttft_profiles:
 #                   kernels, the host's operators and syncs; an H100 run had turn 3 at 757 ms, not explained; an
-#                   H200 run had 47 ms of turn 5 in aten::_cudnn_attention_forward on the host). MULTITURN_EXTRA=
-#                   --no-cudnn-attention runs it with cuDNN's attention backend off, to compare
+#                   H200 run had 47 ms of turn 5 in aten::_cudnn_attention_forward on the host, before the host
+#                   turned cuDNN's attention off). MULTITURN_EXTRA=--cudnn-attention runs it with that backend on
 #   decode    (115) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
 #                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
@@ -40,7 +40,10 @@
 #                   compile): what of the static gap is the cache's length, what the host's work per step.
 #                   DECODE_PROFILE=1: then one more run of each column with 32 steps under torch's profiler
 #                   (bench/step_profile.py): per step the wall time, the GPU's kernel time (so the share it
-#                   waited for the host), the kernels that took it, and the CUDA calls that launch or sync
+#                   waited for the host), the kernels that took it, and the CUDA calls that launch or sync.
+#                   DECODE_BACKENDS=1: first, the history written with cuDNN's attention at new lengths, again
+#                   at lengths it has planned, and without it (attention_backends; modules/attention_backend.py).
+#                   DECODE_COMPILED=0 leaves out the compiled pair (no compile: a short call)
 #   static    (90)  not in the 8 minutes: a second call, SECTIONS=static. Each family the static cache serves
 #                   (modules/static_decode.py), in fp32 on cuda:0: a chat of three turns and one asked again,
 #                   prefix cache on, our static path (compiled by transformers) against our dynamic path, reply
@@ -214,11 +217,12 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
     # cudagraphs, perf_hints: torch.compile says where it skips CUDA graphs, and why (the report lists them).
     TORCH_LOGS=cudagraphs,perf_hints,recompiles \
       project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
-      --new-tokens 128 --compiled ${DECODE_EQUAL_SLOTS:+--equal-slots} ${DECODE_PROFILE:+--profile} --json \
+      --new-tokens 128 $([ "${DECODE_COMPILED:-1}" = 0 ] || echo --compiled) ${DECODE_EQUAL_SLOTS:+--equal-slots} \
+      ${DECODE_PROFILE:+--profile} ${DECODE_BACKENDS:+--attention-backends} --json \
       --model-dir "$folder"  # built when missing
   else
     project_py bench/decode.py --device cpu --dtype fp32 --size small --text-layers 1 --runs 1 --new-tokens 8 \
-      --compiled --equal-slots --profile --json
+      --compiled --equal-slots --profile --attention-backends --json
   fi
 }
 

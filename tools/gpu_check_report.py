@@ -96,6 +96,7 @@ def decode_figures(work: Path) -> dict:
         figures["runs_logged"] = logged_runs(lines)
         figures["warm_up_s"] = {m[1]: float(m[2]) for m in map(WARM_UP.match, lines) if m}
         figures["profiles_logged"] = {m[1]: json.loads(m[2]) for m in map(PROFILE_LINE.match, lines) if m}
+        figures["attention_backends_logged"] = {m[1]: json.loads(m[2]) for m in map(ATTENTION_LINE.match, lines) if m}
     return figures
 
 
@@ -103,6 +104,7 @@ def decode_figures(work: Path) -> dict:
 RUN_LINE = re.compile(r"run \d+ +(\w+): ttft +([\d.]+) ms.*?([\d.]+) tokens/s$")
 WARM_UP = re.compile(r"warm-up (\w+): ([\d.]+) s$")
 PROFILE_LINE = re.compile(r"profile +(\w+): (\{.*\})$")  # --profile: "profile        ours: {...}"
+ATTENTION_LINE = re.compile(r"attention (\w+): (\{.*\})$")  # --attention-backends: "attention without_cudnn: {...}"
 
 
 def logged_runs(lines: list[str]) -> dict:
