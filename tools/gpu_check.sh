@@ -10,7 +10,8 @@
 # With little device time left: a shorter run, decode on 8 text layers (TOTAL_BUDGET caps the sections):
 #   command:   TOTAL_BUDGET=200 SECTIONS="families vision decode" DECODE_LAYERS=8 DECODE_RUNS=2 bash tools/gpu_check.sh --device cuda
 #   a section's own budget: BUDGET_<section>=SECONDS, e.g. BUDGET_decode=400 SECTIONS=decode (the compiled pair
-#   at 32 layers did not fit its 115 s on an H100)
+#   at 32 layers did not fit 115 s on an H100 or an H200: decode now has 225 s, multiturn, which took 87 s of
+#   its 220 on the H200, 110)
 #
 #   bash tools/gpu_check.sh --prepare       # here, with a network: wheels and harness files into .gpu/ (git-ignored)
 #   bash tools/gpu_check.sh --device cpu    # the dry run: every section at tiny size on this CPU (.ci/run runs it)
@@ -25,13 +26,13 @@
 #   tgw       (50)  the extension inside text-generation-webui 1dcde41d at its pins (transformers 5.6.2, stock
 #                   gradio 4.37.2), started without --cpu: the harness's original LLaVA (attach, api) and the
 #                   gemma3, llava, mllama and qwen2_5_vl checkpoints (attach, the Model tab's path)
-#   multiturn (220) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
+#   multiturn (110) bench/multiturn.py --size real --dtype bf16 --text-layers 32: the table's summary; passes when
 #                   the tokens are identical or every difference starts at an exact tie of HF's top two.
 #                   --profile: one more run of ours, each turn's TTFT under torch's profiler (ttft_profiles:
 #                   kernels, the host's operators and syncs; an H100 run had turn 3 at 757 ms, not explained; an
 #                   H200 run had 47 ms of turn 5 in aten::_cudnn_attention_forward on the host, before the host
 #                   turned cuDNN's attention off). MULTITURN_EXTRA=--cudnn-attention runs it with that backend on
-#   decode    (115) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --json: our decode rate,
+#   decode    (225) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --runs 2 --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
 #                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
 #                   torch.compile said: CUDA graphs skipped (and why), recompiles. Each run is logged as it ends
@@ -109,7 +110,7 @@ export W DEVICE ROOT HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_EN
 STARTED=$(date +%s)
 if [ "$DEVICE" = cuda ]; then
   TOTAL_BUDGET=${TOTAL_BUDGET:-480}
-  declare -A BUDGET=([setup]=20 [families]=35 [vision]=40 [tgw]=50 [multiturn]=220 [decode]=115 [static]=90)
+  declare -A BUDGET=([setup]=20 [families]=35 [vision]=40 [tgw]=50 [multiturn]=110 [decode]=225 [static]=90)
   DEFAULT_SECTIONS="families vision tgw multiturn decode"
   export PY=python3 TGW_PY=python3 SITE_PROJECT=$W/site-project SITE_TGW=$W/site-tgw HARNESS=$GPU_DIR/tgw
   export LM_DEVICE=cuda:0
@@ -216,7 +217,7 @@ sec_decode() {  # bench/decode.py's own JSON (its last line)
     [ "$layers" = 32 ] || folder=$REAL_MODEL-$layers
     # cudagraphs, perf_hints: torch.compile says where it skips CUDA graphs, and why (the report lists them).
     TORCH_LOGS=cudagraphs,perf_hints,recompiles \
-      project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-3}" \
+      project_py bench/decode.py --device cuda --dtype bf16 --size real --text-layers "$layers" --runs "${DECODE_RUNS:-2}" \
       --new-tokens 128 $([ "${DECODE_COMPILED:-1}" = 0 ] || echo --compiled) ${DECODE_EQUAL_SLOTS:+--equal-slots} \
       ${DECODE_PROFILE:+--profile} ${DECODE_BACKENDS:+--attention-backends} --json \
       --model-dir "$folder"  # built when missing
