@@ -4,7 +4,8 @@ A llava-hf model (bench/multiturn.py's builders) holds a chat of four turns with
 reply `--new-tokens` long, written once by our host; then the fifth turn is answered `--runs` times
 by each column, interleaved in pairs, the eager pair first (the order flips each run, so noise on a
 shared machine hits both alike):
-  ours:        the host's real chat path (`chat.generate_chat_reply`, prefix KV reuse on), tokens/s
+  ours:        the host's real chat path (`chat.generate_chat_reply`, prefix KV reuse on, the dynamic
+               cache, as `static_cache: false` serves on CUDA and every reply on a CPU), tokens/s
                from the first streamed token to the last, as the UI and the API receive them;
   hf:          `model.generate(**processor(whole chat))` with a streamer that only notes the time;
   hf_static:   (`--compiled`) the same with `cache_implementation="static"`: on CUDA transformers
@@ -152,7 +153,9 @@ def hold_whole_chat(args, whole_chat: int) -> None:
 
 
 def turn_state(args, history: dict, images: list | None = None, **settings) -> dict:
-    settings = {"max_new_tokens": args.new_tokens, **settings}
+    """A greedy turn's state; the dynamic cache unless `settings` say `static_cache` (the host's default on
+    CUDA is the static one, which is the `ours_static` column)."""
+    settings = {"max_new_tokens": args.new_tokens, "static_cache": False, **settings}
     return chat.new_state(history, do_sample=False, ban_eos_token=True, seed=0, message_images=images, **settings)
 
 

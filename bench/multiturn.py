@@ -14,6 +14,8 @@ Sizes (`--size`):
   real: LLaVA-1.5-7B's interface: a CLIP ViT-L/14-336 tower with all 24 layers (576 rows per picture),
         the 1024 -> 4096 -> 4096 projector, a Llama of width 4096 (vocabulary 32064) with `--text-layers`
         layers (default 2, so it fits a small machine; each adds ~200M parameters).
+The host's columns decode with the dynamic cache; `--static-cache` gives them the static one (the host's
+default on CUDA, compiled there by transformers), compiled before the first turn as server.py does.
 `--dtype` is the dtype of columns (a)-(c), as a user starts the server: bf16 is `--bf16`; without it the
 host loads fp32 on a CPU and fp16 on CUDA (so fp32 is for the CPU, fp16 for CUDA).
 
@@ -55,7 +57,7 @@ from PIL import Image, ImageDraw
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modules import chat, extensions, models, prefix_cache, shared, text_generation  # noqa: E402
+from modules import chat, extensions, models, prefix_cache, shared, static_warm_up, text_generation  # noqa: E402
 from fixtures import host_helpers, tiny_models  # noqa: E402
 
 QUESTIONS = ["Describe the image.", "What colour is the shape?", "And this one?", "Which picture came first?",
@@ -108,6 +110,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json-out", type=str, default=None)
     parser.add_argument("--profile", action="store_true",
                         help="one more run of (c), each turn's TTFT under torch's profiler (bench/step_profile.py)")
+    parser.add_argument("--static-cache", action="store_true",
+                        help="the host's columns decode with the static cache (compiled on CUDA, where it is the "
+                             "host's default), compiled before the first turn as server.py does; else the dynamic one")
     parser.add_argument("--cudnn-attention", action="store_true",
                         help="every column's attention with cuDNN's backend on CUDA, which the host otherwise turns "
                              "off (its --cudnn-attention, modules/attention_backend.py)")
@@ -229,8 +234,12 @@ def load_host(model_dir: Path, args, dtype: str) -> dict:
     shared.model, shared.tokenizer = models.load_model(str(model_dir))
     shared.model_name = model_dir.name
     shared.settings["multimodal-add_all_images_to_prompt"] = True
+    # The cache the host's columns decode with, said outright: on CUDA the host's default is the static one.
+    shared.settings["static_cache"] = bool(getattr(args, "static_cache", False))
     bare = current_rss_gb()
     extensions.load_extensions()
+    if shared.settings["static_cache"]:
+        static_warm_up.compile_static_decode()  # as server.py does before serving: no turn waits for the compile
     tower_bytes = sum(p.numel() * p.element_size() for part in vision_parts(shared.model) for p in part.parameters())
     return {"rss_bare_gb": bare, "rss_with_extension_gb": current_rss_gb(), "tower_gb": tower_bytes / 2**30}
 

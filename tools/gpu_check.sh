@@ -31,7 +31,9 @@
 #                   --profile: one more run of ours, each turn's TTFT under torch's profiler (ttft_profiles:
 #                   kernels, the host's operators and syncs; an H100 run had turn 3 at 757 ms, not explained; an
 #                   H200 run had 47 ms of turn 5 in aten::_cudnn_attention_forward on the host, before the host
-#                   turned cuDNN's attention off). MULTITURN_EXTRA=--cudnn-attention runs it with that backend on
+#                   turned cuDNN's attention off). MULTITURN_EXTRA=--cudnn-attention runs it with that backend on;
+#                   MULTITURN_EXTRA=--static-cache measures the host's static cache (its default on CUDA), compiled
+#                   before the first turn; without it the host's columns keep the dynamic cache
 #   decode    (225) bench/decode.py --size real --dtype bf16 --text-layers 32 --compiled --runs 2 --json: our decode rate,
 #                   HF eager, the compiled path, the fraction of the bandwidth limit (on multiturn's model folder),
 #                   where our static path's tokens leave our dynamic path's (both top-two margins), and what
