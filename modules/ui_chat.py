@@ -32,6 +32,9 @@ line under the chat; the history stays as it was before the message, so the next
 remote engine that is down, too slow or broke off the reply leaves the turn in the history instead,
 with whatever of the reply came and the notice, for Regenerate once the engine is back. The Stop
 button stops its own session's reply (`session_stop`): with a remote engine, replies run side by side.
+A session writes one reply at a time: while one streams, a send (its text stays in the textbox),
+Regenerate, Remove last, Clear and Load are refused with the reason (`start_reply`), since the
+streaming reply would overwrite what they change.
 This module renders no HTML itself (modules/html_generator.py does). Of images it knows only that the
 history may hold tags, which it keeps out of the textbox (`strip_image_tags`); extensions handle them.
 """
@@ -159,14 +162,65 @@ def stop_session(request: gr.Request) -> None:
         event.set()
 
 
+# Sessions with a reply being written. Each event gets the session's history as it was when the event
+# started and overwrites it with every update, so a second send, Regenerate, Remove last, Clear or Load
+# while a reply streams would be undone by that reply, or would lose it. They are refused instead
+# (`gr.Error`, shown as a toast by a queued event only); a refused send stops before the step that
+# clears the textbox, so nothing typed is lost.
+REPLY_PENDING = "A reply is still being written: wait for it, or press Stop, then try again."
+_writing: set[str] = set()
+_writing_lock = threading.Lock()
+
+
+def reply_pending() -> gr.Error:
+    return gr.Error(REPLY_PENDING, title="Reply in progress", print_exception=False)  # a user's click, not a fault
+
+
+def session_key(request: gr.Request | None) -> str | None:
+    return request.session_hash if request is not None and request.session_hash else None
+
+
+def start_reply(request: gr.Request) -> None:
+    """Marks the session's reply as being written; refuses when one already is. (Gradio passes the
+    request to a parameter annotated `gr.Request`; None outside one.)"""
+    key = session_key(request)
+    if key is None:
+        return
+    with _writing_lock:
+        if key in _writing:
+            raise reply_pending()
+        _writing.add(key)
+
+
+def end_reply(request: gr.Request | None) -> None:
+    _writing.discard(session_key(request))
+
+
+def refuse_while_writing(request: gr.Request | None) -> None:
+    """For the buttons that change the history without writing a reply."""
+    if session_key(request) in _writing:
+        raise reply_pending()
+
+
 def send(request: gr.Request, text: str, history: dict, *values) -> Iterator[tuple[str, dict]]:
-    """Generate and Enter, as wired: `generate` with the session's stop."""
-    yield from generate(text, history, *values, stop=session_stop(request))
+    """Generate and Enter, as wired: `generate` with the session's stop. The send's last step
+    (`restore_unsent`) ends the reply; where the page went away and that step never comes, this does."""
+    finished = False
+    try:
+        yield from generate(text, history, *values, stop=session_stop(request))
+        finished = True
+    finally:
+        if not finished:
+            end_reply(request)
 
 
 def regenerate_in_session(request: gr.Request, history: dict, *values) -> Iterator[tuple[str, dict]]:
-    """Regenerate, as wired: `regenerate` with the session's stop."""
-    yield from regenerate(history, *values, stop=session_stop(request))
+    """Regenerate, as wired: `regenerate` with the session's stop, one reply at a time."""
+    start_reply(request)
+    try:
+        yield from regenerate(history, *values, stop=session_stop(request))
+    finally:
+        end_reply(request)
 
 
 def regenerate(history: dict, *values, stop: threading.Event | None = None) -> Iterator[tuple[str, dict]]:
@@ -199,15 +253,18 @@ def pending_message(state: dict) -> str:
 
 
 def take_inputs(text: str, history: dict, *extension_values) -> tuple:
-    """First step of a send: (text, turns so far, *values) into pending states, then clear the inputs."""
+    """A send's step after `start_reply`: (text, turns so far, *values) into pending states, then clear
+    the inputs."""
     pending = tuple(v if v else None for v in extension_values)
     return (text, len(history["internal"]), *pending, "", *([None] * len(extension_values)))
 
 
-def restore_unsent(text: str, history: dict, turns_before: int, *pending_then_current) -> tuple:
-    """A message that did not become a turn (its generation failed, a picture could not be read) goes
-    back: its words to the textbox, and each extension input's value (its pictures) to that input unless
-    something new was put there meanwhile. Nothing sent is lost; the notice says what to change."""
+def restore_unsent(request: gr.Request, text: str, history: dict, turns_before: int, *pending_then_current) -> tuple:
+    """Last step of a send, which ends the session's reply. A message that did not become a turn (its
+    generation failed, a picture could not be read) goes back: its words to the textbox, and each
+    extension input's value (its pictures) to that input unless something new was put there meanwhile.
+    Nothing sent is lost; the notice says what to change."""
+    end_reply(request)
     count = len(pending_then_current) // 2
     pending, current = pending_then_current[:count], pending_then_current[count:]
     if len(history["internal"]) > turns_before:
@@ -218,13 +275,15 @@ def restore_unsent(text: str, history: dict, turns_before: int, *pending_then_cu
     return values if count else values[0]  # Gradio takes one output's value bare
 
 
-def remove_last(history: dict) -> tuple[str, dict, str]:
+def remove_last(request: gr.Request, history: dict) -> tuple[str, dict, str]:
+    refuse_while_writing(request)
     text, history = chat.remove_last_message(history)
     # The user's words go back to the textbox; its images (kilobytes of base64) do not.
     return chat_html_wrapper(history), history, strip_image_tags(text)
 
 
-def clear_history() -> tuple[str, dict]:
+def clear_history(request: gr.Request) -> tuple[str, dict]:
+    refuse_while_writing(request)
     history = chat.new_history()
     return chat_html_wrapper(history), history
 
@@ -239,7 +298,8 @@ def save(history: dict, name: str):
     return gr.update(choices=chat.list_saved_histories(), value=path.stem)
 
 
-def load(history: dict, name: str) -> tuple[str, dict]:
+def load(request: gr.Request, history: dict, name: str) -> tuple[str, dict]:
+    refuse_while_writing(request)
     if not name:
         return chat_html_wrapper(history), history
     try:
@@ -316,16 +376,18 @@ def create_save_load() -> None:
 
 
 def wire_send(params: list, options: list) -> None:
-    """Generate and Enter: read + clear the inputs (queue=False), stream the reply, then measure the context."""
+    """Generate and Enter: claim the session's reply (`start_reply`), read + clear the inputs (queue=False),
+    stream the reply, give back what did not become a turn (which ends the reply), then measure the context."""
     g = shared.gradio
     ext_inputs = [g["extension_inputs"][key] for key in extension_input_keys()]
     g["last_input"] = gr.State("")
     turns_before = gr.State(0)
     pending = [gr.State(None) for _ in ext_inputs]
     for trigger in (g["Generate"].click, g["textbox"].submit):
-        trigger(take_inputs, [g["textbox"], g["history"], *ext_inputs],
-                [g["last_input"], turns_before, *pending, g["textbox"], *ext_inputs],
-                queue=False, show_progress="hidden").then(
+        trigger(start_reply, None, None, show_progress="hidden").success(  # refused: the textbox keeps it
+            take_inputs, [g["textbox"], g["history"], *ext_inputs],
+            [g["last_input"], turns_before, *pending, g["textbox"], *ext_inputs],
+            queue=False, show_progress="hidden").then(
             send, [g["last_input"], g["history"], *params, *pending, *options], [g["display"], g["history"]],
             show_progress="hidden").then(
             restore_unsent, [g["last_input"], g["history"], turns_before, *pending, *ext_inputs],

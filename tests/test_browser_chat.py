@@ -53,6 +53,38 @@ def test_server_serves_the_chat_and_a_reply_streams(llama_server, browser):
     page.context.close()
 
 
+@pytest.fixture(scope="module")
+def slow_server(llama_dir, tmp_path_factory):
+    """Replies of 12 tokens that take about 3 s (fixtures/slow_steps.py)."""
+    folder = tmp_path_factory.mktemp("slow-server")
+    with greedy_server(llama_dir, folder, max_new_tokens=12,
+                       extra_args=("--logits-processors", "fixtures.slow_steps:SlowSteps")) as url:
+        yield url
+
+
+def test_while_a_reply_is_written_a_second_message_and_clear_wait(slow_server, browser):
+    """A second message sent before the first reply came is refused with the reason, and stays in the
+    textbox; Clear is refused too. The reply then arrives whole, and the kept message sends."""
+    page = open_chat(browser, slow_server)
+    meter = page.locator("#context-meter").inner_text()
+    send(page, "first question", with_enter=False)
+    page.wait_for_function("document.querySelector('#chat-history .assistant')?.innerText.includes('Is typing')")
+    send(page, "second question")
+    page.get_by_text("A reply is still being written").first.wait_for(timeout=10_000)
+    assert page.locator("#chat-input textarea").input_value() == "second question"
+    page.get_by_role("button", name="Clear", exact=True).click()
+    reply = wait_for_reply(page, 1)
+    assert reply.strip() and page.locator("#chat-history .user").all_inner_texts() == ["first question"]
+    screenshot(page, "browser_chat_reply_pending.png")
+    # The send's last step, which frees the session, measures the context: the meter counts the turn.
+    page.wait_for_function("(before) => document.querySelector('#context-meter').innerText !== before", arg=meter)
+    page.click("#Generate")
+    wait_for_reply(page, 2)
+    assert page.locator("#chat-history .user").all_inner_texts() == ["first question", "second question"]
+    assert page.locator("#chat-input textarea").input_value() == ""
+    page.context.close()
+
+
 def test_user_text_that_looks_like_html_is_shown_as_text(llama_server, browser):
     page = open_chat(browser, llama_server)
     send(page, PAYLOAD)

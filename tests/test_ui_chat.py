@@ -104,7 +104,10 @@ def test_send_reads_and_clears_inputs_before_generating(harness):
     assert g["extension_inputs"] == {"harness_note": g["harness_note"]}
     textbox, note = g["textbox"]._id, g["harness_note"]._id
     for target, event in ((g["Generate"]._id, "click"), (textbox, "submit")):
-        first = dependency(config, target, event)
+        claim = dependency(config, target, event)
+        assert interface.fns[claim["id"]].fn is ui_chat.start_reply and claim["queue"] is not False
+        first = next(d for d in config["dependencies"] if d["trigger_after"] == claim["id"])
+        assert first["trigger_only_on_success"], "a refused claim (a reply pending) must not take the inputs"
         assert first["queue"] is False and first["inputs"] == [textbox, g["history"]._id, note]
         assert first["outputs"][-2:] == [textbox, note]
         text_state, turns_state, note_state = first["outputs"][:3]
@@ -128,11 +131,11 @@ def test_a_message_whose_turn_failed_goes_back_with_its_pictures(host):
     extensions.state["multimodal"] = [True, 0]  # the extension that writes image tags (its hooks only)
     one_turn = {"internal": [["Hi", "Hello."]], "visible": [["Hi", "Hello."]]}
     tag = '<img src="data:image/jpeg;base64,AAAA">'
-    assert ui_chat.restore_unsent(f"{tag}What is this?", one_turn, 1, ["a.png"], None) == ("What is this?", ["a.png"])
-    assert ui_chat.restore_unsent("What?", one_turn, 1, ["a.png"], ["b.png"]) == ("What?", gr.update())
-    assert ui_chat.restore_unsent("What?", one_turn, 1, None, None) == ("What?", gr.update())
-    assert ui_chat.restore_unsent("What is this?", one_turn, 0, ["a.png"], None) == (gr.update(), gr.update())
-    assert ui_chat.restore_unsent("What?", one_turn, 1) == "What?", "the textbox alone: its value bare"
+    assert ui_chat.restore_unsent(None, f"{tag}What is this?", one_turn, 1, ["a.png"], None) == ("What is this?", ["a.png"])
+    assert ui_chat.restore_unsent(None, "What?", one_turn, 1, ["a.png"], ["b.png"]) == ("What?", gr.update())
+    assert ui_chat.restore_unsent(None, "What?", one_turn, 1, None, None) == ("What?", gr.update())
+    assert ui_chat.restore_unsent(None, "What is this?", one_turn, 0, ["a.png"], None) == (gr.update(), gr.update())
+    assert ui_chat.restore_unsent(None, "What?", one_turn, 1) == "What?", "the textbox alone: its value bare"
 
 
 def test_generate_streams_the_same_reply_as_the_chat_module(llama):
@@ -190,9 +193,9 @@ def test_regenerate_remove_last_and_clear(llama):
     extensions.state["multimodal"] = [True, 0]  # the extension that writes image tags (its hooks only)
     tag = '<img src="data:image/jpeg;base64,AAAA">'
     with_image = {"internal": [[f"{tag}\nWhat is it?", "A cat."]], "visible": [[f"{tag}\nWhat is it?", "A cat."]]}
-    display, removed, text = ui_chat.remove_last(with_image)
+    display, removed, text = ui_chat.remove_last(None, with_image)
     assert removed == chat.new_history() and text == "What is it?" and "No messages yet" in display
-    assert ui_chat.clear_history()[1] == chat.new_history()
+    assert ui_chat.clear_history(None)[1] == chat.new_history()
 
 
 def test_regenerate_on_an_empty_history_does_nothing(llama):
@@ -210,11 +213,11 @@ def test_save_and_load_round_trip(llama, tmp_path, monkeypatch):
     history = {"internal": [["<script>x</script>", "ok"]], "visible": [["<script>x</script>", "<b>ok</b>"]]}
     update = ui_chat.save(history, "my chat")
     assert update["value"] == "my_chat" and "my_chat" in update["choices"]
-    display, loaded = ui_chat.load(chat.new_history(), "my_chat")
+    display, loaded = ui_chat.load(None, chat.new_history(), "my_chat")
     assert loaded == history
     assert "&lt;script&gt;x&lt;/script&gt;" in display and "&lt;b&gt;ok&lt;/b&gt;" in display and "<b>" not in display
     (tmp_path / "broken.json").write_text("{not json")
-    outputs, warned = quiet((ui_chat.load(history, name) for name in ["broken"]))
+    outputs, warned = quiet((ui_chat.load(None, history, name) for name in ["broken"]))
     display, kept = outputs[-1]
     assert kept is history and "not valid JSON" in display and any("not valid JSON" in w for w in warned)
 
@@ -333,3 +336,34 @@ def test_the_context_meter_counts_a_picture_attached_but_not_yet_sent(host, tmp_
     triggers = {tuple(t) for d in handlers(interface, ui_chat.context_meter) for t in d["targets"]}
     for component in (shared.gradio["message_images"], shared.gradio["multimodal_budget"]):
         assert (component._id, "change") in triggers
+
+
+# -- One reply at a time per session --------------------------------------------------------------
+
+def test_a_session_writing_a_reply_refuses_what_would_overwrite_its_history(llama):
+    """While a session's reply is pending, its second send (its text stays: nothing was taken), Regenerate,
+    Remove last, Clear and Load are refused with the reason; another session is not held up. The send's
+    last step frees the session."""
+    one, other = gr.Request(session_hash="one"), gr.Request(session_hash="other")
+    empty = chat.new_history()
+    ui_chat.start_reply(one)
+    try:
+        for refused in (lambda: ui_chat.start_reply(one),
+                        lambda: last(ui_chat.regenerate_in_session(one, empty, *params(4))),
+                        lambda: ui_chat.remove_last(one, empty), lambda: ui_chat.clear_history(one),
+                        lambda: ui_chat.load(one, empty, "saved")):
+            with pytest.raises(gr.Error, match="A reply is still being written"):
+                refused()
+        ui_chat.start_reply(other)
+        ui_chat.restore_unsent(other, "elsewhere", empty, 0)
+    finally:
+        ui_chat.restore_unsent(one, "first", empty, 0)
+    ui_chat.start_reply(one)
+    ui_chat.restore_unsent(one, "second", empty, 0)
+    # Regenerate holds the session while it streams, and frees it when it ends.
+    stream = ui_chat.regenerate_in_session(one, empty, *params(4))
+    next(stream)
+    with pytest.raises(gr.Error):
+        ui_chat.clear_history(one)
+    list(stream)
+    assert ui_chat.clear_history(one)[1] == empty
