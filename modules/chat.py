@@ -128,6 +128,9 @@ def generate_chat_prompt(user_input: str, state: dict, **kwargs) -> str:
     history = kwargs.get("history", state["history"])["internal"]
     _continue = kwargs.get("_continue", False)
     max_length = get_max_prompt_length(state)
+    if max_length <= 0:  # else every turn would be left out, and the message alone cut to nothing
+        raise ValueError(f"No room for the prompt: truncation_length ({state['truncation_length']}) - "
+                         f"max_new_tokens ({state['max_new_tokens']}) = {max_length} tokens. Lower max_new_tokens.")
 
     def prompt_without(dropped: int) -> str:
         turns = [list(t) for t in history[dropped:]]

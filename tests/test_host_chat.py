@@ -63,6 +63,19 @@ def test_oldest_turns_are_dropped_until_the_prompt_fits(llama):
 
 
 
+@pytest.mark.parametrize("max_new_tokens", [200, 4096])
+def test_no_room_for_any_prompt_is_refused_and_the_chat_kept(llama, max_new_tokens):
+    """max_new_tokens at or past truncation_length leaves no prompt at all: a clear refusal, not a reply
+    to the message alone (every turn before it silently left out), and the history stays as it was."""
+    history = history_of(3)
+    state = llama.greedy_state(history=history, truncation_length=200, max_new_tokens=max_new_tokens)
+    with pytest.raises(ValueError, match=r"No room for the prompt: truncation_length \(200\) - max_new_tokens"):
+        chat.generate_chat_prompt("Last question?", state)
+    with pytest.raises(ValueError, match="Lower max_new_tokens"):
+        list(chat.generate_chat_reply("Last question?", state, loading_message=False))
+    assert state["history"] == history_of(3)
+
+
 @pytest.mark.parametrize("continue_last", [False, True])
 def test_the_fewest_oldest_turns_are_dropped_with_a_few_renders(llama, monkeypatch, continue_last):
     """The prompt is the one dropping the oldest turns one at a time until it fits gives (nothing fits:
