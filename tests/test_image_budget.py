@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from extensions.multimodal.core import image_budget
-from modules import shared
+from extensions.multimodal.core import dropped_pictures, image_budget
+from modules import chat, shared
 from fixtures import api_helpers
 from tests.test_vlm_families_host import NEW_TOKENS, hf_generate, png
 
@@ -125,6 +125,36 @@ def test_a_dropped_picture_is_named_by_its_turn(llava_dir):
     assert any("left out to fit the context" in warning and "the picture from turn 1" in warning
                for warning in cut["warnings"])
     assert cut["usage"]["prompt_tokens_details"]["image_tokens"] == 2 * per_picture
+
+
+def test_a_picture_sent_again_and_dropped_is_named_by_the_turn_that_sent_it_last(llava_dir):
+    """Three turns with a picture each, then a fourth that sends all three again, in a context with room
+    for two of them: the host leaves out the three turns whole, and the extension the fourth's first
+    picture. That picture is named by turn 4, not by turn 1, which held the same picture but was not
+    in the prompt any more."""
+    pictures = [api_helpers.data_url(png(48, 32, seed=50 + k)) for k in range(3)]
+    again = [{"type": "image_url", "image_url": {"url": url}} for url in pictures] + [{"type": "text", "text": "All?"}]
+    messages = []
+    for turn, url in enumerate(pictures):
+        messages += [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                  {"type": "text", "text": f"Picture {turn + 1}?"}]},
+                     {"role": "assistant", "content": f"Reply {turn + 1}."}]
+    body = {"model": "any", "max_tokens": 4, "temperature": 0}
+    with api_helpers.serving(llava_dir, ["multimodal"]) as api:
+        alone = api.post("/chat/completions", json=body | {"messages": [{"role": "user", "content": again}]}).json()
+        per_picture = alone["usage"]["prompt_tokens_details"]["image_tokens"] // 3
+        cut = api.post("/chat/completions", json=body | {
+            "messages": messages + [{"role": "user", "content": again}],
+            "truncation_length": 4 + alone["usage"]["prompt_tokens"] - per_picture}).json()
+    assert cut["dropped_turns"] == 3
+    assert cut["dropped_images"] == [{"turn": 1, "image": 1}, {"turn": 2, "image": 1}, {"turn": 3, "image": 1},
+                                     {"turn": 4, "image": 1}]
+    assert any("the picture from turn 4 was left out" in warning for warning in cut["warnings"]), cut["warnings"]
+    assert cut["usage"]["prompt_tokens_details"]["image_tokens"] == 2 * per_picture
+
+
+def test_the_extension_reads_the_hosts_count_of_turns_left_out():
+    assert dropped_pictures.HOST_DROPPED_TURNS == chat.DROPPED_TURNS
 
 
 def test_the_budget_levels_and_their_errors():

@@ -1,14 +1,18 @@
 """Naming the pictures that were left out to fit the context: their turn, and their place in it.
 
-Truncation drops the prompt's leading pictures (`prompt_encoding`). The prompt holds the history's
-pictures in order, then the new message's: each dropped picture is matched, in order, to the next
-history picture with the same data; one found in no earlier turn belongs to the new message.
+Truncation drops the prompt's leading pictures (`prompt_encoding`). The prompt holds the pictures of
+the history's turns it kept, in order, then the new message's: each dropped picture is matched, in
+order, to the next such picture with the same data; one found in no kept turn belongs to the new message.
+The turns kept are those after the ones the host left out whole: this repository's host says how many
+in `state[HOST_DROPPED_TURNS]`; text-generation-webui says nothing, and every turn counts.
 """
 from __future__ import annotations
 
 from typing import List
 
 from extensions.multimodal.core.image_codec import find_tags
+
+HOST_DROPPED_TURNS = "dropped_turns"  # the host's modules/chat.py DROPPED_TURNS (tests/test_image_budget.py)
 
 
 def history_turns(state: dict) -> list:
@@ -17,10 +21,12 @@ def history_turns(state: dict) -> list:
 
 
 def history_pictures(state: dict) -> List[tuple[int, int, str]]:
-    """(turn, place in the turn, base64 data) of every picture in the history's user messages, 1-based."""
+    """(turn, place in the turn, base64 data) of every picture in the user messages of the history's
+    turns the prompt kept, 1-based."""
     internal = history_turns(state)
+    kept_from = int(state.get(HOST_DROPPED_TURNS) or 0)
     found = []
-    for turn, exchange in enumerate(internal, start=1):
+    for turn, exchange in enumerate(internal[kept_from:], start=kept_from + 1):
         user = exchange[0] if exchange else ""
         for place, tag in enumerate(find_tags(str(user or "")), start=1):
             found.append((turn, place, tag.data))
