@@ -237,3 +237,28 @@ def test_a_caption_anywhere_else_or_not_exactly_the_hosts_shows_as_text():
     markup = render_text(forged)
     assert 'class="picture"' not in markup and Parsed(markup).text.startswith("[IMG]<span")
     assert_inert(markup)
+
+
+def test_a_streamed_update_renders_only_the_message_that_changed(monkeypatch):
+    """The chat is rendered again at every streamed update: the messages before the last are looked up,
+    only the reply being written is rendered, and none of its partial texts is kept. The HTML is the
+    same as rendering every message afresh."""
+    from modules import html_generator
+
+    history = {"internal": [], "visible": []}
+    for turn in range(30):
+        user = (TAG if turn % 7 == 0 else "") + f"Question {turn} &lt;b&gt;"
+        history["visible"].append([user, f"Answer {turn}."])
+    first = chat_html_wrapper(history)
+    rendered = []
+    escape = html_generator.escape_text
+    monkeypatch.setattr(html_generator, "escape_text", lambda text: rendered.append(text) or escape(text))
+    for partial in ("The", "The reply", "The reply so far"):
+        history["visible"][-1][1] = partial
+        update = chat_html_wrapper(history)
+    assert rendered == ["The", "The reply", "The reply so far"]
+    assert ("The reply", None) not in html_generator.RENDERED.entries and \
+        ("The reply", IMAGE_TAG_RE.pattern) not in html_generator.RENDERED.entries
+    html_generator.RENDERED.entries.clear()
+    html_generator.RENDERED.chars = 0
+    assert chat_html_wrapper(history) == update and update.startswith(first[:first.index("Answer 29.")])
