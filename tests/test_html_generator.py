@@ -23,7 +23,7 @@ from PIL import Image
 
 from extensions.multimodal.core.image_codec import IMAGE_TAG_RE
 from modules import extensions
-from modules.html_generator import chat_html_wrapper, render_text, strip_image_tags
+from modules.html_generator import chat_html_wrapper, image_tag_pattern, render_message, strip_image_tags
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +40,11 @@ def jpeg_b64(color=(200, 30, 30)) -> str:
 
 B64 = jpeg_b64()
 TAG = f'<img src="data:image/jpeg;base64,{B64}">'
+
+
+def render_text(visible: str) -> str:
+    """One message as the chat renders it, with the loaded extension's image-tag pattern."""
+    return render_message(visible, image_tag_pattern())
 
 
 class Parsed(HTMLParser):
